@@ -1,0 +1,3 @@
+from eagle3kit.cli.app import main
+
+main()

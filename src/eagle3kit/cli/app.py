@@ -1,0 +1,43 @@
+"""The eagle3kit command line: one line per subcommand, in pipeline order."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+
+from eagle3kit import __version__
+
+app = typer.Typer(
+    name="eagle3kit",
+    help="Train EAGLE3 speculative-decoding draft heads in pure JAX.\n\n"
+    "Pipeline: mix | tokenize | vocab-select, then train, eval, convert, push.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"eagle3kit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    if debug:
+        os.environ["EAGLE3KIT_DEBUG"] = "1"
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

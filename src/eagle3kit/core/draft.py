@@ -1,0 +1,133 @@
+"""The EAGLE3 draft head: fc fusion, one Llama decoder layer of width 2H, lm head over Vd.
+
+One step, for a column t (shapes below per batch row):
+
+    g      = fc(concat(aux states))                     (first step; later steps: previous h)
+    x      = concat(input_norm(embed(token)), hidden_norm(g))             [T, 2D]
+    h      = g + o_proj(attn(q(x), k(x), v(x)))         (residual is the un-normed g)
+    h      = h + mlp(post_attn_norm(h))                 pre-norm output: the next step's input
+    logits = lm_head(final_norm(h))                     over the Vd draft tokens
+
+The step is split into `project` (up to q, k, v) and `finish` (after attention) so the trainer
+can attend across TTT steps and the decoder can attend to a KV cache with the same weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from eagle3kit.core.config import DraftConfig
+from eagle3kit.core.layers import attend, rms_norm, rope, swiglu
+from eagle3kit.core.sharding import ArrayInfo, fan_in_init, ones_init
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DraftWeights:
+    """Trainable draft weights, linear layers stored (in, out). A = 3 * target hidden."""
+
+    fc: Any  # A,D
+    hidden_norm: Any  # D
+    input_norm: Any  # D
+    q: Any  # 2D,N,H
+    k: Any  # 2D,K,H
+    v: Any  # 2D,K,H
+    o: Any  # N,H,D
+    post_attn_norm: Any  # D
+    gate: Any  # D,F
+    up: Any  # D,F
+    down: Any  # F,D
+    final_norm: Any  # D
+    lm_head: Any  # D,Vd
+
+    @staticmethod
+    def abstract(cfg: DraftConfig, dtype: Any = jnp.float32) -> DraftWeights:
+        """`ArrayInfo` of every weight; the draft is replicated (logical axis `draft`)."""
+        D, F, N, K, H = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
+                         cfg.num_kv_heads, cfg.head_dim)
+        A = len(cfg.aux_layer_ids) * cfg.target_hidden_size
+
+        def info(shape, init):
+            return ArrayInfo(tuple(shape), dtype, ("draft",) * len(shape), init)
+
+        lin = fan_in_init(1)
+        return DraftWeights(
+            fc=info((A, D), lin),
+            hidden_norm=info((D,), ones_init),
+            input_norm=info((D,), ones_init),
+            q=info((2 * D, N, H), lin),
+            k=info((2 * D, K, H), lin),
+            v=info((2 * D, K, H), lin),
+            o=info((N, H, D), fan_in_init(2)),
+            post_attn_norm=info((D,), ones_init),
+            gate=info((D, F), lin),
+            up=info((D, F), lin),
+            down=info((F, D), lin),
+            final_norm=info((D,), ones_init),
+            lm_head=info((D, cfg.draft_vocab_size), lin),
+        )
+
+
+def fuse(w: DraftWeights, aux_BxTxA: jax.Array) -> jax.Array:
+    """g = fc(concat of the captured target states) -> [B, T, D]."""
+    with jax.named_scope("fc"):
+        return jnp.einsum("bta,ad->btd", aux_BxTxA.astype(w.fc.dtype), w.fc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Projected:
+    q_BxTxNxH: jax.Array
+    k_BxTxKxH: jax.Array
+    v_BxTxKxH: jax.Array
+    residual_BxTxD: jax.Array
+
+
+def project(w: DraftWeights, cfg: DraftConfig, embeds_BxTxD: jax.Array, hidden_BxTxD: jax.Array,
+            positions_BxT: jax.Array) -> Projected:
+    """Norms, the 2D-wide concat, q/k/v and RoPE at `positions`."""
+    with jax.named_scope("draft_qkv"):
+        e = rms_norm(embeds_BxTxD.astype(w.input_norm.dtype), w.input_norm, cfg.rms_norm_eps)
+        hn = rms_norm(hidden_BxTxD, w.hidden_norm, cfg.rms_norm_eps)
+        residual = hn if cfg.norm_before_residual else hidden_BxTxD
+        x = jnp.concatenate([e, hn], axis=-1)
+        inv_freq = jnp.asarray(cfg.rope.inv_freq(cfg.head_dim))
+        q = rope(jnp.einsum("bte,enh->btnh", x, w.q), positions_BxT, inv_freq)
+        k = rope(jnp.einsum("bte,ekh->btkh", x, w.k), positions_BxT, inv_freq)
+        v = jnp.einsum("bte,ekh->btkh", x, w.v)
+        return Projected(q, k, v, residual)
+
+
+def finish(w: DraftWeights, cfg: DraftConfig, attn_BxTxNxH: jax.Array,
+           residual_BxTxD: jax.Array) -> jax.Array:
+    """o_proj + residual, then the MLP block -> pre-norm hidden h [B, T, D]."""
+    with jax.named_scope("draft_mlp"):
+        h = residual_BxTxD + jnp.einsum("btnh,nhd->btd", attn_BxTxNxH, w.o)
+        return h + swiglu(rms_norm(h, w.post_attn_norm, cfg.rms_norm_eps), w.gate, w.up, w.down)
+
+
+def head(w: DraftWeights, cfg: DraftConfig, h_BxTxD: jax.Array) -> jax.Array:
+    """Draft logits over the draft vocabulary [B, T, Vd] from the pre-norm hidden."""
+    with jax.named_scope("draft_head"):
+        return jnp.einsum("btd,dv->btv", rms_norm(h_BxTxD, w.final_norm, cfg.rms_norm_eps),
+                          w.lm_head)
+
+
+def step(w: DraftWeights, cfg: DraftConfig, embeds_BxTxD: jax.Array, hidden_BxTxD: jax.Array,
+         positions_BxT: jax.Array, mask_BxTxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One draft step with plain (causal) self-attention -> (logits [B,T,Vd], h [B,T,D]).
+
+    `hidden` is either the fused g (first step) or the previous step's h.
+    """
+    p = project(w, cfg, embeds_BxTxD, hidden_BxTxD, positions_BxT)
+    a = attend(p.q_BxTxNxH, p.k_BxTxKxH, p.v_BxTxKxH, mask_BxTxT)
+    h = finish(w, cfg, a, p.residual_BxTxD)
+    return head(w, cfg, h), h
+
+
+def cast(w: DraftWeights, dtype: Any) -> DraftWeights:
+    """The compute copy of the (fp32 master) weights."""
+    return jax.tree.map(lambda x: x.astype(dtype), w)

@@ -1,0 +1,42 @@
+"""User-facing errors.
+
+Library code raises `UserError` for anything a user can fix (a missing file, a malformed line, a
+mismatched vocab). The CLI prints its message as one line and exits with `exit_code`; a traceback
+appears only with `--debug`. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """An error caused by input, with a message that says what to do."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, path: object | None = None, line: int | None = None):
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+
+
+class InputError(UserError):
+    """Malformed or unreadable input data (exit 2)."""
+
+
+class MismatchError(UserError):
+    """Artifacts that do not belong together: tokenizer, data, vocab, target, draft (exit 3)."""
+
+    exit_code = 3
+
+
+class ResourceError(UserError):
+    """The machine cannot do what was asked: out of memory, devices, disk (exit 4)."""
+
+    exit_code = 4
+
+
+class TrainingDiverged(UserError):
+    """The loss went non-finite; the last good checkpoint is kept (exit 5)."""
+
+    exit_code = 5

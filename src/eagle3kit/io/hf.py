@@ -1,0 +1,237 @@
+"""Target checkpoints: local HF directories, Hub ids and GGUF files, loaded into shardings.
+
+`resolve_target(spec)` accepts a directory with `config.json` and safetensors (single file or
+sharded with an index), a `.gguf` file, or a Hub id (downloaded through huggingface_hub into
+its cache, then read exactly like a local directory). `load_target` builds every weight with
+`jax.make_array_from_callback`: each device receives only its own slice, read from the
+memory-mapped file, so an 8B target never needs a full host copy per device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from eagle3kit.core.config import TargetConfig
+from eagle3kit.core.sharding import ArrayInfo, is_info, shardings
+from eagle3kit.core.target import TargetWeights
+from eagle3kit.errors import InputError
+from eagle3kit.io.gguf import GGUFCheckpoint
+from eagle3kit.io.safetensors import SafetensorsFile
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class SafetensorsCheckpoint:
+    """A HF model directory: `config` and `get(name)` over one or many safetensors files."""
+
+    def __init__(self, directory: Path):
+        self.path = directory
+        config_path = directory / "config.json"
+        try:
+            self.config = json.loads(config_path.read_text())
+        except FileNotFoundError:
+            raise InputError("no config.json in the checkpoint directory",
+                             path=directory) from None
+        except json.JSONDecodeError as e:
+            raise InputError(f"invalid JSON ({e})", path=config_path) from None
+        index = directory / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = {f: SafetensorsFile(directory / f) for f in sorted(set(weight_map.values()))}
+            self._where = {name: files[f] for name, f in weight_map.items()}
+        else:
+            single = sorted(directory.glob("*.safetensors"))
+            if not single:
+                found = ", ".join(sorted(p.name for p in directory.iterdir())[:8])
+                raise InputError("no *.safetensors weights (only safetensors and GGUF are "
+                                 f"supported; found: {found})", path=directory)
+            self._where = {}
+            for p in single:
+                f = SafetensorsFile(p)
+                self._where.update({n: f for n in f.names})
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._where[name].shape(name)
+
+    def get(self, name: str) -> np.ndarray:
+        return self._where[name].get(name)
+
+
+@dataclasses.dataclass
+class TargetCheckpoint:
+    """A resolved target: its config, where it came from, and a tensor source."""
+
+    config: TargetConfig
+    source: Any  # SafetensorsCheckpoint | GGUFCheckpoint
+    path: Path
+    name: str
+
+    @property
+    def hf_config(self) -> dict[str, Any]:
+        return self.source.config
+
+
+def resolve_target(spec: str | os.PathLike) -> TargetCheckpoint:
+    """Opens a target from a local directory, a `.gguf` file or a Hub id."""
+    spec = str(spec)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        source = SafetensorsCheckpoint(path)
+        name = spec
+    elif path.is_file() and path.suffix == ".gguf":
+        source = GGUFCheckpoint(path)
+        name = spec
+    elif path.is_file():
+        raise InputError("unsupported checkpoint file (expected a .gguf file or a directory "
+                         "with config.json and safetensors)", path=path)
+    elif _HUB_ID.match(spec) and not spec.startswith((".", "/")):
+        source = SafetensorsCheckpoint(_download(spec))
+        name = spec
+    else:
+        raise InputError("no such checkpoint: not a directory, .gguf file or Hub id",
+                         path=spec)
+    cfg = TargetConfig.from_hf_config(source.config, name=name,
+                                      source=getattr(source, "path", spec))
+    return TargetCheckpoint(cfg, source, path, name)
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(
+            repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja"]))
+    except Exception as e:  # network, auth, missing repo: one clear line
+        raise InputError(f"cannot download from the Hub ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})", path=repo_id) from None
+
+
+# ---- the key table ----------------------------------------------------------------------------
+# pytree path -> (HF name, transform of one HF tensor into eagle3kit's (in, out) layout).
+# `{i}` marks a stacked per-layer weight.
+
+
+def _lin(*split: str) -> Callable[[np.ndarray, TargetConfig], np.ndarray]:
+    """HF Linear [out, in] -> [in, *out split]; e.g. q_proj -> [D, N, H]."""
+    def f(w, c):
+        dims = {"N": c.num_heads, "K": c.num_kv_heads, "H": c.head_dim}
+        wt = w.T
+        return wt.reshape(wt.shape[0], *(dims[s] for s in split)) if split else wt
+    return f
+
+
+def _heads_in(w, c):  # o_proj [D, N*H] -> [N, H, D]
+    return w.T.reshape(c.num_heads, c.head_dim, w.shape[0])
+
+
+def _bias(heads: str):
+    return lambda w, c: w.reshape(c.num_heads if heads == "N" else c.num_kv_heads, c.head_dim)
+
+
+def _same(w, c):
+    return w
+
+
+KEY_TABLE: dict[str, tuple[str, Callable]] = {
+    "embed": ("model.embed_tokens.weight", _same),
+    "final_norm": ("model.norm.weight", _same),
+    "lm_head": ("lm_head.weight", _lin()),
+    "layers.attn_norm": ("model.layers.{i}.input_layernorm.weight", _same),
+    "layers.mlp_norm": ("model.layers.{i}.post_attention_layernorm.weight", _same),
+    "layers.q": ("model.layers.{i}.self_attn.q_proj.weight", _lin("N", "H")),
+    "layers.k": ("model.layers.{i}.self_attn.k_proj.weight", _lin("K", "H")),
+    "layers.v": ("model.layers.{i}.self_attn.v_proj.weight", _lin("K", "H")),
+    "layers.o": ("model.layers.{i}.self_attn.o_proj.weight", _heads_in),
+    "layers.q_bias": ("model.layers.{i}.self_attn.q_proj.bias", _bias("N")),
+    "layers.k_bias": ("model.layers.{i}.self_attn.k_proj.bias", _bias("K")),
+    "layers.v_bias": ("model.layers.{i}.self_attn.v_proj.bias", _bias("K")),
+    "layers.q_norm": ("model.layers.{i}.self_attn.q_norm.weight", _same),
+    "layers.k_norm": ("model.layers.{i}.self_attn.k_norm.weight", _same),
+    "layers.gate": ("model.layers.{i}.mlp.gate_proj.weight", _lin()),
+    "layers.up": ("model.layers.{i}.mlp.up_proj.weight", _lin()),
+    "layers.down": ("model.layers.{i}.mlp.down_proj.weight", _lin()),
+}
+# present in some checkpoints, never used
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+
+
+def _path_str(path) -> str:
+    return ".".join(str(getattr(k, "name", getattr(k, "key", k))) for k in path)
+
+
+def load_target(ckpt: TargetCheckpoint, mesh: Mesh, dtype: Any = jnp.bfloat16) -> TargetWeights:
+    """Loads every weight of `ckpt` straight into its sharding on `mesh`, cast to `dtype`."""
+    cfg, src = ckpt.config, ckpt.source
+    abstract = TargetWeights.abstract(cfg, dtype)
+    shards = shardings(abstract, mesh)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract, is_leaf=is_info)
+    shard_leaves = jax.tree_util.tree_leaves(shards)
+    available = set(src.names)
+    used: set[str] = set()
+    out = []
+    for (path, info), sharding in zip(leaves, shard_leaves, strict=True):
+        key = _path_str(path)
+        name, transform = KEY_TABLE[key]
+        names = [name.format(i=i) for i in range(cfg.num_layers)] if "{i}" in name else [name]
+        missing = [n for n in names if n not in available]
+        if missing:
+            raise InputError(f"weight {missing[0]!r} is missing (config says "
+                             f"{cfg.model_type}, {cfg.num_layers} layers)", path=ckpt.path)
+        used.update(names)
+        out.append(_load_one(src, names, transform, cfg, info, sharding, "{i}" in name,
+                             ckpt.path))
+    extra = sorted(n for n in available - used
+                   if not _IGNORED.match(n) and not (n == "lm_head.weight"
+                                                     and cfg.tie_word_embeddings))
+    if extra:
+        raise InputError(f"{len(extra)} tensors do not belong to a {cfg.model_type} model with "
+                         f"this config, e.g. {extra[0]!r}", path=ckpt.path)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _load_one(src, names, transform, cfg, info: ArrayInfo, sharding, stacked: bool, where):
+    expected = info.shape[1:] if stacked else info.shape
+    cache: dict[str, np.ndarray] = {}
+
+    def tensor(name: str) -> np.ndarray:
+        # GGUF tensors are dequantised whole; keep one per name while this weight loads.
+        if name not in cache:
+            w = transform(src.get(name), cfg)
+            if tuple(w.shape) != tuple(expected):
+                raise InputError(f"{name}: shape {tuple(src.shape(name))} does not match the "
+                                 f"config (expected {expected} after transposing)", path=where)
+            cache[name] = w
+        return cache[name]
+
+    np_dtype = np.dtype(info.dtype)
+
+    def callback(index):
+        if stacked:
+            layer_ix, rest = index[0], index[1:]
+            parts = [tensor(n)[rest] for n in names[layer_ix]]
+            return np.stack(parts).astype(np_dtype)
+        return np.asarray(tensor(names[0])[index]).astype(np_dtype)
+
+    for n in names:  # fail on shape before any device work
+        probe = np.broadcast_to(np.float32(0), src.shape(n))  # a view: nothing allocated
+        if tuple(transform(probe, cfg).shape) != tuple(expected):
+            raise InputError(f"{n}: shape {tuple(src.shape(n))} does not match the config "
+                             f"(expected {expected} after transposing)", path=where)
+    arr = jax.make_array_from_callback(info.shape, sharding, callback)
+    cache.clear()
+    return arr

@@ -1,0 +1,211 @@
+"""Parity of the JAX target forward with transformers' PyTorch forward (fp32).
+
+Tolerance: fp32 on both sides, same weights; the two implementations sum in different orders
+(XLA vs. ATen matmuls, fused vs. eager softmax), so values agree to a relative error of about
+1e-5 of the tensor's scale. We hold max |jax - torch| <= 2e-4 * max |torch| for logits and
+every captured hidden state; a wrong rope, norm, bias, layout or layer index misses by orders
+of magnitude more.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from eagle3kit.core import target
+from eagle3kit.core.sharding import make_mesh
+from eagle3kit.errors import InputError, UserError
+from eagle3kit.io import safetensors as st
+from eagle3kit.io.hf import load_target, resolve_target
+from tests import assets
+
+RTOL = 2e-4
+
+
+def assert_close(actual, expected, what):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, what
+    scale = np.abs(expected).max()
+    err = np.abs(actual - expected).max()
+    assert err <= RTOL * scale, f"{what}: max error {err:.3g} vs scale {scale:.3g}"
+
+
+def torch_reference(model, tokens: np.ndarray, aux_ids):
+    with torch.no_grad():
+        out = model(torch.tensor(tokens), output_hidden_states=True)
+    return out.logits.numpy(), [out.hidden_states[i].numpy() for i in aux_ids]
+
+
+def jax_forward(ckpt, mesh, tokens, dtype=jnp.float32):
+    w = load_target(ckpt, mesh, dtype)
+    cfg = ckpt.config
+
+    @jax.jit
+    def run(w, tokens):
+        out = target.forward(w, cfg, tokens)
+        return target.logits(w, out.hidden_BxTxD), out.aux_BxTxA
+
+    logits, aux = run(w, jnp.asarray(tokens))
+    d = cfg.hidden_size
+    aux = np.asarray(aux)
+    return np.asarray(logits), [aux[..., j * d:(j + 1) * d] for j in range(aux.shape[-1] // d)]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("mesh_spec", ["data=1,tensor=1", "data=4,tensor=2"])
+def test_tiny_parity(family, mesh_spec, tmp_path):
+    model = assets.tiny_hf_model(family, tmp_path)
+    ckpt = resolve_target(tmp_path)
+    assert ckpt.config.family == family
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, ckpt.config.vocab_size, size=(4, 70))
+    aux_ids = ckpt.config.default_aux_layer_ids()
+    ref_logits, ref_aux = torch_reference(model, tokens, aux_ids)
+    devices = jax.devices()[:1] if mesh_spec.startswith("data=1") else jax.devices()
+    mesh = make_mesh(mesh_spec, devices)
+    logits, aux = jax_forward(ckpt, mesh, tokens)
+    assert_close(logits, ref_logits, f"{family} logits")
+    for i, (a, r) in enumerate(zip(aux, ref_aux, strict=True)):
+        assert_close(a, r, f"{family} hidden_states[{aux_ids[i]}]")
+
+
+def test_weights_really_sharded(tmp_path):
+    assets.tiny_hf_model("llama", tmp_path)
+    ckpt = resolve_target(tmp_path)
+    w = load_target(ckpt, make_mesh("data=4,tensor=2"), jnp.float32)
+    q = w.layers.q  # L, D, N, H with N split over tensor
+    assert q.sharding.spec[2] == "tensor"
+    shard_shapes = {s.data.shape for s in q.addressable_shards}
+    assert shard_shapes == {(6, 32, 2, 8)}
+
+
+def test_indivisible_heads_is_a_clear_error(tmp_path):
+    assets.tiny_hf_model("llama", tmp_path)  # 4 heads, 2 kv heads
+    ckpt = resolve_target(tmp_path)
+    mesh = make_mesh("data=2,tensor=4")
+    with pytest.raises(UserError, match="kv_heads dimension 2 is not divisible by tensor=4"):
+        load_target(ckpt, mesh, jnp.float32)
+
+
+def test_cached_decoding_matches_full_forward(tmp_path):
+    assets.tiny_hf_model("qwen3", tmp_path)
+    ckpt = resolve_target(tmp_path)
+    cfg = ckpt.config
+    w = load_target(ckpt, make_mesh("data=1", jax.devices()[:1]), jnp.float32)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (1, 20)))
+    full = target.forward(w, cfg, tokens)
+    cache = target.KVCache.zeros(cfg, 1, 32, jnp.float32)
+    out1, cache = target.forward_cached(w, cfg, tokens[:, :12], jnp.int32(0), cache)
+    # garbage from "rejected" tokens at 12..15 must be ignored and overwritten
+    _, cache = target.forward_cached(w, cfg, tokens[:, :4] + 1, jnp.int32(12), cache)
+    out2, cache = target.forward_cached(w, cfg, tokens[:, 12:], jnp.int32(12), cache)
+    hidden = np.concatenate([out1.hidden_BxTxD, out2.hidden_BxTxD], axis=1)
+    aux = np.concatenate([out1.aux_BxTxA, out2.aux_BxTxA], axis=1)
+    assert_close(hidden, full.hidden_BxTxD, "cached hidden")
+    assert_close(aux, full.aux_BxTxA, "cached aux")
+
+
+def test_packed_segments_do_not_attend_across(tmp_path):
+    assets.tiny_hf_model("llama", tmp_path)
+    ckpt = resolve_target(tmp_path)
+    cfg = ckpt.config
+    w = load_target(ckpt, make_mesh("data=1", jax.devices()[:1]), jnp.float32)
+    rng = np.random.default_rng(2)
+    a, b = rng.integers(0, 96, (1, 10)), rng.integers(0, 96, (1, 7))
+    packed = jnp.asarray(np.concatenate([a, b, np.zeros((1, 3), int)], axis=1))
+    seg = jnp.asarray([[1] * 10 + [2] * 7 + [0] * 3])
+    pos = jnp.asarray([list(range(10)) + list(range(7)) + [0] * 3])
+    out = target.forward(w, cfg, packed, seg, pos)
+    alone = target.forward(w, cfg, jnp.asarray(b))
+    assert_close(out.hidden_BxTxD[:, 10:17], alone.hidden_BxTxD, "second packed document")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_spec", ["data=1,tensor=1", "data=2,tensor=3"])
+def test_smollm2_parity(mesh_spec):
+    """The real SmolLM2-135M-Instruct: JAX (from the GGUF) vs transformers (same GGUF)."""
+    model = assets.smollm2_torch()
+    ckpt = resolve_target(assets.smollm2_gguf())
+    cfg = ckpt.config
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads) == (30, 576, 9, 3)
+    assert cfg.tie_word_embeddings and cfg.default_aux_layer_ids() == (2, 15, 27)
+    tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 48))
+    ref_logits, ref_aux = torch_reference(model, tokens, cfg.default_aux_layer_ids())
+    devices = jax.devices()[:1] if mesh_spec.startswith("data=1") else jax.devices()[:6]
+    logits, aux = jax_forward(ckpt, make_mesh(mesh_spec, devices), tokens)
+    assert_close(logits, ref_logits, "SmolLM2 logits")
+    for a, r in zip(aux, ref_aux, strict=True):
+        assert_close(a, r, "SmolLM2 hidden state")
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_equals_safetensors(tmp_path):
+    """The GGUF and a safetensors export of the same weights give identical outputs."""
+    model = assets.smollm2_torch()
+    model.config.quantization_config = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    gguf = resolve_target(assets.smollm2_gguf())
+    directory = resolve_target(tmp_path)
+    assert directory.config.num_layers == gguf.config.num_layers
+    tokens = np.random.default_rng(4).integers(0, gguf.config.vocab_size, (1, 32))
+    mesh = make_mesh("data=1", jax.devices()[:1])
+    a_logits, a_aux = jax_forward(gguf, mesh, tokens)
+    b_logits, b_aux = jax_forward(directory, mesh, tokens)
+    np.testing.assert_array_equal(a_logits, b_logits)
+    for a, b in zip(a_aux, b_aux, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_bad_checkpoints(tmp_path):
+    with pytest.raises(InputError, match="no such checkpoint"):
+        resolve_target(tmp_path / "nope")
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(InputError, match="unsupported checkpoint file"):
+        resolve_target(tmp_path / "weights.bin")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="no config.json"):
+        resolve_target(empty)
+    model_dir = tmp_path / "m"
+    assets.tiny_hf_model("llama", model_dir)
+    cfg = assets.read_json(model_dir / "config.json")
+    (model_dir / "config.json").write_text(
+        __import__("json").dumps({**cfg, "model_type": "gpt_neox"}))
+    with pytest.raises(InputError, match="unsupported architecture"):
+        resolve_target(model_dir)
+    (model_dir / "config.json").write_text(
+        __import__("json").dumps({**cfg, "hidden_size": 48}))
+    with pytest.raises(InputError, match="does not match the config"):
+        load_target(resolve_target(model_dir), make_mesh("data=1", jax.devices()[:1]))
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF" + b"\0" * 20)
+    with pytest.raises(InputError, match="bad.gguf"):
+        resolve_target(tmp_path / "bad.gguf")
+
+
+def test_sharded_index_checkpoint(tmp_path):
+    """A checkpoint split over files with model.safetensors.index.json loads the same."""
+    assets.tiny_hf_model("qwen2", tmp_path / "one")
+    tensors, _ = st.load(tmp_path / "one" / "model.safetensors")
+    split = tmp_path / "two"
+    split.mkdir()
+    (split / "config.json").write_text((tmp_path / "one" / "config.json").read_text())
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    weight_map = {}
+    for fname, part in halves.items():
+        st.save(split / fname, {n: tensors[n] for n in part})
+        weight_map.update({n: fname for n in part})
+    (split / "model.safetensors.index.json").write_text(
+        __import__("json").dumps({"weight_map": weight_map}))
+    mesh = make_mesh("data=1", jax.devices()[:1])
+    tokens = np.arange(12)[None] % 96
+    a, _ = jax_forward(resolve_target(tmp_path / "one"), mesh, tokens)
+    b, _ = jax_forward(resolve_target(split), mesh, tokens)
+    np.testing.assert_array_equal(a, b)
