@@ -1,8 +1,12 @@
 """Tokenizer fingerprints: every artifact says which tokenizer made its token ids.
 
-A fingerprint is the tokenizer's name, vocab size and a digest of its vocabulary, special
-tokens and chat template. Token records, vocab files, runs and drafts carry it, and every
-command that combines two artifacts refuses a mismatch before doing any work.
+A fingerprint is the tokenizer's name, vocab size, a digest of its vocabulary and special
+tokens (what token ids mean) and a digest of the chat template used to render the data.
+Token records carry the compact `key` (vocab size and vocabulary digest); vocab files, runs
+and drafts carry the whole fingerprint. Every command that combines two artifacts refuses a
+mismatch of `key` before doing any work: ids from another tokenizer would train garbage.
+The template digest is recorded for provenance; a custom `--chat-template` changes the data,
+not the meaning of its ids, so it is not a mismatch.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from eagle3kit.errors import MismatchError
 class Fingerprint(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     name: str
     vocab_size: int
-    digest: str  # 16 hex digits of sha256
+    digest: str  # 16 hex digits of sha256 over the vocabulary and special tokens
+    template: str = ""  # 16 hex digits of sha256 over the chat template used
 
     @property
     def key(self) -> str:
@@ -45,8 +50,8 @@ def tokenizer_fingerprint(tokenizer: Any, name: str, chat_template: str | None =
     h = hashlib.sha256()
     h.update(json.dumps(vocab, ensure_ascii=False).encode())
     h.update(b"\0" + "\n".join(special).encode())
-    h.update(b"\0" + template.encode())
-    return Fingerprint(name=name, vocab_size=len(tokenizer), digest=h.hexdigest()[:16])
+    return Fingerprint(name=name, vocab_size=len(tokenizer), digest=h.hexdigest()[:16],
+                       template=hashlib.sha256(template.encode()).hexdigest()[:16])
 
 
 def require_same(expected: str, actual: str, what: str, where: object,
