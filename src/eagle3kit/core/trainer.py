@@ -1,0 +1,170 @@
+"""The sharded TTT trainer: state, one jitted step, evaluation.
+
+The state is initialised through `jax.eval_shape` and a jitted `init` with `out_shardings`,
+so nothing is materialised on one device first. The step takes a global batch of shape
+[A, B, T] (A gradient-accumulation micro-batches of B packed rows), runs the frozen target
+and the draft rollout per micro-batch under `lax.scan`, and applies one AdamW update. State
+and batch are donated. Layout on the (data, tensor) mesh:
+
+- target weights: tensor-parallel (see core/sharding.RULES), replicated over `data`;
+- draft weights and optimizer state: replicated (about 0.3B parameters for an 8B target:
+  replication keeps the K-step rollout free of collectives; XLA all-reduces the gradient
+  over `data`);
+- batch rows: split over `data`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from eagle3kit.core import draft, ttt
+from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.metrics import StepCounts
+from eagle3kit.core.optim import OptimConfig, make_optimizer, schedule
+from eagle3kit.core.sharding import init_weights, shardings, use_mesh
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+    params: draft.DraftWeights  # fp32 master weights
+    opt_state: Any
+    step: Any  # int32 scalar
+
+
+@dataclasses.dataclass
+class StepMetrics:
+    """Device values of one step; fetched by the host one step later."""
+
+    loss: jax.Array
+    grad_norm: jax.Array
+    lr: jax.Array
+    tokens: jax.Array  # non-padding tokens in the global batch
+    counts: StepCounts
+
+
+jax.tree_util.register_dataclass(StepMetrics, data_fields=[
+    "loss", "grad_norm", "lr", "tokens", "counts"], meta_fields=[])
+
+
+class Trainer:
+    """Owns the jitted functions for one (target, draft, mesh) combination."""
+
+    def __init__(self, tcfg: TargetConfig, dcfg: DraftConfig, ttt_cfg: ttt.TTTConfig,
+                 optim: OptimConfig, mesh: Mesh):
+        self.tcfg, self.dcfg, self.ttt, self.optim, self.mesh = tcfg, dcfg, ttt_cfg, optim, mesh
+        self.tx = make_optimizer(optim)
+        self.lr_at = schedule(optim)
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        # [A, B, T] batches: rows split over `data`
+        self.batch_sharding = NamedSharding(mesh, PartitionSpec(None, "data", None))
+        self.eval_batch_sharding = NamedSharding(mesh, PartitionSpec("data", None))
+        abstract = draft.DraftWeights.abstract(dcfg, jnp.float32)
+        self.param_shardings = shardings(abstract, mesh)
+        self._abstract_params = abstract
+        self.state_shardings = None
+        self._step = None
+        self._eval = None
+
+    # ---- state -----------------------------------------------------------------------------
+
+    def init_state(self, key: jax.Array, params: draft.DraftWeights | None = None) -> TrainState:
+        """Fresh state (random draft, or `params` from --init-from), placed in its shardings."""
+        if params is None:
+            params = init_weights(self._abstract_params, key, self.mesh)
+        else:
+            params = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params),
+                                    self.param_shardings)
+
+        def init(params):
+            return TrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
+
+        shapes = jax.eval_shape(init, params)
+        self.state_shardings = jax.tree.map(lambda _: self.replicated, shapes)
+        self.state_shardings.params = self.param_shardings
+        return jax.jit(init, out_shardings=self.state_shardings)(params)
+
+    def abstract_state(self) -> TrainState:
+        """Shapes and dtypes of the state (for restoring a checkpoint)."""
+        def init(params):
+            return TrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
+        shapes = jax.eval_shape(init, jax.eval_shape(
+            lambda: jax.tree.map(lambda i: jnp.zeros(i.shape, i.dtype), self._abstract_params,
+                                 is_leaf=lambda x: hasattr(x, "axes"))))
+        if self.state_shardings is None:
+            self.state_shardings = jax.tree.map(lambda _: self.replicated, shapes)
+            self.state_shardings.params = self.param_shardings
+        return shapes
+
+    # ---- step ------------------------------------------------------------------------------
+
+    def _loss(self):
+        return functools.partial(ttt.loss_fn, tcfg=self.tcfg, dcfg=self.dcfg, ttt=self.ttt)
+
+    def _train_step(self, state: TrainState, target_w, vocab: ttt.VocabArrays,
+                    batch: ttt.Batch) -> tuple[TrainState, StepMetrics]:
+        loss_fn = self._loss()
+        # per-step masked-token counts over the whole global batch: the loss denominators
+        flat = jax.tree.map(lambda x: x.reshape(-1, x.shape[-1]), batch)
+        denominators = ttt.valid_counts(flat, self.ttt.steps)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+        def micro(carry, mb):
+            grads, loss, counts = carry
+            (l, c), g = grad_fn(state.params, target_w, mb, vocab, denominators)
+            return (jax.tree.map(jnp.add, grads, g), loss + l, counts + c), None
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        init = (zeros, jnp.zeros((), jnp.float32), StepCounts.zeros(self.ttt.steps))
+        (grads, loss, counts), _ = jax.lax.scan(micro, init, batch)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = StepMetrics(loss=loss, grad_norm=optax.global_norm(grads),
+                              lr=self.lr_at(state.step), tokens=(batch.segment_ids > 0).sum(),
+                              counts=counts)
+        return TrainState(params, opt_state, state.step + 1), metrics
+
+    def train_step(self, state: TrainState, target_w, vocab: ttt.VocabArrays,
+                   batch: ttt.Batch) -> tuple[TrainState, StepMetrics]:
+        if self._step is None:
+            with use_mesh(self.mesh):
+                self._step = jax.jit(self._train_step, donate_argnums=(0, 3),
+                                     out_shardings=(self.state_shardings, None))
+        with use_mesh(self.mesh):
+            return self._step(state, target_w, vocab, batch)
+
+    def _eval_step(self, params, target_w, vocab, batch: ttt.Batch) -> StepCounts:
+        denominators = ttt.valid_counts(batch, self.ttt.steps)
+        _, counts = self._loss()(params, target_w, batch, vocab, denominators)
+        return counts
+
+    def eval_step(self, params, target_w, vocab: ttt.VocabArrays, batch: ttt.Batch
+                  ) -> StepCounts:
+        """Counts of one [B, T] batch, without gradient (teacher-forced acceptance)."""
+        if self._eval is None:
+            with use_mesh(self.mesh):
+                self._eval = jax.jit(self._eval_step)
+        with use_mesh(self.mesh):
+            return self._eval(params, target_w, vocab, batch)
+
+
+def put_batch(trainer: Trainer, arrays: dict[str, Any], *, eval_batch: bool = False) -> ttt.Batch:
+    """Process-local numpy rows -> a global, data-sharded `Batch` (multi-host aware)."""
+    sharding = trainer.eval_batch_sharding if eval_batch else trainer.batch_sharding
+    if jax.process_count() == 1:
+        return ttt.Batch(**{k: jax.device_put(v, sharding) for k, v in arrays.items()})
+    axis = 0 if eval_batch else 1
+    out = {}
+    for k, v in arrays.items():
+        shape = list(v.shape)
+        shape[axis] *= jax.process_count()
+        out[k] = jax.make_array_from_process_local_data(sharding, v, tuple(shape))
+    return ttt.Batch(**out)
+
