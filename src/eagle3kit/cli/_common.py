@@ -54,6 +54,9 @@ def _describe(e: BaseException) -> str:
 
 
 def example(text: str) -> str:
-    """Formats the runnable example that ends every command's help."""
-    lines = "\n".join("    " + line for line in text.strip().splitlines())
-    return f"\n\nExample:\n\n\b\n{lines}\n"
+    """The runnable example that ends every command's help; append it to the docstring.
+
+    Indented like a docstring body, so the help is dedented uniformly.
+    """
+    lines = "\n".join("        " + line for line in text.strip().splitlines())
+    return f"\n\n    Example:\n\n    \b\n{lines}\n"

@@ -35,6 +35,12 @@ def _root(
         os.environ["EAGLE3KIT_DEBUG"] = "1"
 
 
+# ---- the commands, in pipeline order (one line each) ----
+from eagle3kit.cli import train  # noqa: E402
+
+app.command("train")(train.train)
+
+
 def main() -> None:
     app()
 

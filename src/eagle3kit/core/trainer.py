@@ -135,7 +135,7 @@ class Trainer:
                    batch: ttt.Batch) -> tuple[TrainState, StepMetrics]:
         if self._step is None:
             with use_mesh(self.mesh):
-                self._step = jax.jit(self._train_step, donate_argnums=(0, 3),
+                self._step = jax.jit(self._train_step, donate_argnums=(0,),
                                      out_shardings=(self.state_shardings, None))
         with use_mesh(self.mesh):
             return self._step(state, target_w, vocab, batch)

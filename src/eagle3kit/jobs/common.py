@@ -1,0 +1,123 @@
+"""Pieces shared by the train and eval jobs: loading artifacts, checking they belong
+together, distributed start-up, and teacher-forced evaluation (one implementation)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from eagle3kit.core import ttt
+from eagle3kit.core.metrics import StepCounts, summarize
+from eagle3kit.core.vocab import VocabMap
+from eagle3kit.data.fingerprint import Fingerprint, require_same
+from eagle3kit.data.packing import TokenDocs, pack_epoch
+from eagle3kit.errors import InputError, MismatchError
+
+
+def init_distributed(coordinator: str | None, num_processes: int | None,
+                     process_id: int | None) -> None:
+    """Starts multi-host JAX when asked, or when a cluster environment is detected
+    (Cloud TPU, SLURM, ... through jax.distributed's own auto-detection)."""
+    if coordinator or num_processes:
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                                   process_id=process_id)
+    elif os.environ.get("SLURM_JOB_ID") and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        jax.distributed.initialize()
+    elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
+        jax.distributed.initialize()
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """16 hex digits of sha256 over a file's bytes ("-" for stdin, which has none)."""
+    if str(path) == "-":
+        return "-"
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def agree_max(n: int) -> int:
+    """The largest `n` over all processes (every process must run the same step count)."""
+    if jax.process_count() == 1:
+        return n
+    from jax.experimental import multihost_utils
+
+    return int(np.max(multihost_utils.process_allgather(np.asarray([n], np.int64))))
+
+
+@dataclasses.dataclass
+class VocabFile:
+    vocab: VocabMap
+    fingerprint: Fingerprint
+    path: Path
+    metadata: dict[str, str]
+
+
+def load_vocab_file(path: str | os.PathLike) -> VocabFile:
+    from eagle3kit.io.draft_io import read_vocab
+
+    vocab, meta = read_vocab(path)
+    if "tokenizer" not in meta:
+        raise InputError("vocab file has no tokenizer fingerprint (not written by "
+                         "`eagle3kit vocab-select`?)", path=path)
+    return VocabFile(vocab, Fingerprint.from_json(meta["tokenizer"]), Path(path), meta)
+
+
+def fit_vocab_to_target(vocab: VocabMap, target_vocab_size: int, where: object) -> VocabMap:
+    """t2d must span the target's *config* vocab (e.g. Qwen3: 151936 > 151669 tokenizer ids);
+    ids the tokenizer never produces are simply not draft tokens."""
+    if vocab.target_size == target_vocab_size:
+        return vocab
+    if vocab.target_size > target_vocab_size:
+        raise MismatchError(f"vocab covers {vocab.target_size} target ids but the target has "
+                            f"only {target_vocab_size}", path=where)
+    return VocabMap.from_ids(vocab.used_ids, target_vocab_size)
+
+
+def read_docs(path: str | os.PathLike, tokenizer_key: str, seq_len: int,
+              shard: tuple[int, int] = (0, 1)) -> TokenDocs:
+    """Token records of `path` (this process's share), refusing another tokenizer's data."""
+    from eagle3kit.data.records import read_token_records
+
+    index, count = shard
+
+    def mine():
+        for i, r in enumerate(read_token_records(path)):
+            if r.tokenizer != tokenizer_key:
+                require_same(tokenizer_key, r.tokenizer, f"record {r.id!r}", path,
+                             "the vocab file")
+            if i % count == index:
+                yield r
+
+    docs = TokenDocs.from_records(mine(), seq_len)
+    if agree_max(len(docs)) == 0:
+        raise InputError("no trainable records (every record lacks masked tokens?)", path=path)
+    return docs
+
+
+def teacher_forced(trainer, params, target_w, vocab: ttt.VocabArrays, docs: TokenDocs,
+                   rows: int, seq_len: int, progress: Any = None) -> dict[str, Any]:
+    """Acceptance of `params` on `docs` (packed rows, no gradient): acc_k, cond_acc_k, tau.
+
+    The same rollout and counting code as training (core.ttt, core.metrics).
+    """
+    from eagle3kit.core.trainer import put_batch
+
+    packed = pack_epoch(docs, seq_len, seed=0, epoch=0)
+    local_rows = rows // jax.process_count()
+    batches = agree_max(-(-len(packed.rows) // local_rows))
+    total = StepCounts.zeros(trainer.ttt.steps)
+    for i in range(batches):
+        batch = put_batch(trainer, packed.batch(i * local_rows, local_rows), eval_batch=True)
+        total = total + trainer.eval_step(params, target_w, vocab, batch)
+        if progress is not None:
+            progress(i + 1, batches)
+    return summarize(total)

@@ -1,0 +1,314 @@
+"""The `train` job: check artifacts, build the mesh, run the TTT loop, checkpoint, finish.
+
+Run directory:
+
+    OUT/config.json      the full resolved configuration and the fingerprints of target,
+                         data and vocab (a resumed run must agree with it)
+    OUT/metrics.jsonl    one record per logged step (and per evaluation)
+    OUT/checkpoints/     atomic checkpoints (io/checkpoints.py)
+    OUT/final/           the finished draft in eagle3kit's format (io/draft_io.py)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import msgspec
+import numpy as np
+
+from eagle3kit.core import ttt
+from eagle3kit.core.config import DraftConfig
+from eagle3kit.core.metrics import summarize
+from eagle3kit.core.optim import OptimConfig
+from eagle3kit.core.sharding import make_mesh
+from eagle3kit.core.trainer import Trainer, put_batch
+from eagle3kit.data.fingerprint import require_same, tokenizer_fingerprint
+from eagle3kit.data.packing import pack_epoch
+from eagle3kit.errors import MismatchError, ResourceError, TrainingDiverged, UserError
+from eagle3kit.io import checkpoints
+from eagle3kit.io.atomic import atomic_path
+from eagle3kit.io.draft_io import Draft, save_draft
+from eagle3kit.io.hf import load_target, resolve_target
+from eagle3kit.jobs import common
+from eagle3kit.jobs.progress import TrainProgress
+
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    target: str
+    data: str
+    vocab: str
+    out: str
+    eval_data: str | None = None
+    ttt_length: int = 7
+    decay: float = 0.8
+    epochs: int = 1
+    max_steps: int | None = None
+    lr: float = 3e-4
+    warmup_ratio: float = 0.03
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    clip_norm: float = 0.5
+    b1: float = 0.9
+    b2: float = 0.95
+    batch_size: int = 4  # packed rows per micro-batch, global
+    seq_len: int = 2048
+    grad_accum: int = 1
+    mesh: str | None = None
+    dtype: str = "bfloat16"  # draft compute dtype (master weights stay float32)
+    target_dtype: str = "bfloat16"
+    seed: int = 0
+    save_every: int = 500
+    keep_checkpoints: int = 2
+    eval_every: int = 500
+    log_every: int = 10
+    aux_layer_ids: tuple[int, ...] | None = None
+    init_from: str | None = None
+    resume: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["aux_layer_ids"] = list(self.aux_layer_ids) if self.aux_layer_ids else None
+        return d
+
+
+# fields a resumed run may change (how long, how often); everything else must match
+_RESUMABLE = {"epochs", "max_steps", "save_every", "keep_checkpoints", "eval_every",
+              "log_every", "resume", "eval_data", "mesh", "out"}
+
+
+def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
+    out = Path(cfg.out)
+    recorded = out / "config.json"
+    if recorded.exists():
+        if not cfg.resume:
+            raise UserError(f"{out} already holds a run; pass --resume to continue it or "
+                            "choose another --out")
+        old = json.loads(recorded.read_text())
+        for key, value in cfg.to_json().items():
+            if key not in _RESUMABLE and old["config"].get(key) != value:
+                raise MismatchError(f"--{key.replace('_', '-')} is {value!r} but the run was "
+                                    f"started with {old['config'].get(key)!r}", path=recorded)
+        for key, value in fingerprints.items():
+            if old["fingerprints"].get(key) != value:
+                raise MismatchError(f"the {key} changed since the run started "
+                                    f"({old['fingerprints'].get(key)} -> {value})",
+                                    path=recorded)
+    elif cfg.resume and not checkpoints.list_checkpoints(out):
+        raise UserError(f"--resume: {out} holds no run to resume")
+    if jax.process_index() == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_path(recorded) as tmp:
+            tmp.write_text(json.dumps({"config": cfg.to_json(), "fingerprints": fingerprints,
+                                       "eagle3kit": _version(), "devices": _devices()},
+                                      indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def _version() -> str:
+    from eagle3kit import __version__
+
+    return __version__
+
+
+def _devices() -> dict[str, Any]:
+    d = jax.devices()
+    return {"count": len(d), "kind": d[0].device_kind, "platform": d[0].platform,
+            "processes": jax.process_count()}
+
+
+def run(cfg: TrainConfig, console) -> Path:
+    """Trains a draft as configured; returns OUT/final."""
+    t_start = time.time()
+    vfile = common.load_vocab_file(cfg.vocab)
+    key = vfile.fingerprint.key
+    ckpt = resolve_target(cfg.target)
+    tcfg = ckpt.config
+    _check_target_tokenizer(cfg.target, key)
+    vocab = common.fit_vocab_to_target(vfile.vocab, tcfg.vocab_size, cfg.vocab)
+    shard = (jax.process_index(), jax.process_count())
+    docs = common.read_docs(cfg.data, key, cfg.seq_len, shard)
+    eval_docs = (common.read_docs(cfg.eval_data, key, cfg.seq_len, shard)
+                 if cfg.eval_data else None)
+    fingerprints = {
+        "tokenizer": vfile.fingerprint.to_json(),
+        "data": common.file_digest(cfg.data),
+        "vocab": hashlib.sha256(vocab.used_ids.tobytes()).hexdigest()[:16],
+        "target": f"{tcfg.name}:{tcfg.family}:{tcfg.num_layers}x{tcfg.hidden_size}:"
+                  f"{tcfg.vocab_size}",
+    }
+    out = _prepare_run_dir(cfg, fingerprints)
+
+    mesh = make_mesh(cfg.mesh)
+    rows = cfg.batch_size
+    if rows % mesh.shape["data"]:
+        raise UserError(f"--batch-size {rows} must be a multiple of the data axis "
+                        f"({mesh.shape['data']}); rows are split over data-parallel devices")
+    init = _init_params(cfg)
+    dcfg = init.config if init else DraftConfig.for_target(tcfg, vocab.draft_size,
+                                                          cfg.aux_layer_ids)
+    if init:
+        vocab = _check_init_vocab(init, vocab, cfg.init_from)
+    per_process_rows = rows * cfg.grad_accum // jax.process_count()
+    epoch_batches = common.agree_max(
+        -(-len(pack_epoch(docs, cfg.seq_len, cfg.seed, 0).rows) // per_process_rows))
+    total_steps = epoch_batches * cfg.epochs
+    if cfg.max_steps:
+        total_steps = min(total_steps, cfg.max_steps)
+    optim = OptimConfig(lr=cfg.lr, warmup_ratio=cfg.warmup_ratio, total_steps=total_steps,
+                        min_lr_ratio=cfg.min_lr_ratio, b1=cfg.b1, b2=cfg.b2,
+                        weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm)
+    ttt_cfg = ttt.TTTConfig(cfg.ttt_length, cfg.decay, DTYPES[cfg.dtype])
+    trainer = Trainer(tcfg, dcfg, ttt_cfg, optim, mesh)
+    target_w = load_target(ckpt, mesh, DTYPES[cfg.target_dtype])
+    vocab_dev = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
+
+    state, step, epoch, position = _initial_state(cfg, trainer, out, init)
+    console.print(f"[bold]train[/bold] {tcfg.name}: {len(docs):,} records "
+                  f"({docs.num_tokens:,} tokens, {docs.truncated} truncated), "
+                  f"{epoch_batches} steps/epoch x {cfg.epochs} epochs -> {total_steps} steps; "
+                  f"mesh data={mesh.shape['data']},tensor={mesh.shape['tensor']} on "
+                  f"{jax.device_count()} {jax.devices()[0].device_kind}")
+    metrics_path = out / "metrics.jsonl"
+    log = open(metrics_path, "a") if jax.process_index() == 0 else None
+    progress = TrainProgress(console, total_steps, start=step, log_every=cfg.log_every)
+    pending = None
+    last_saved = step
+    try:
+        with progress:
+            while step < total_steps:
+                packed = pack_epoch(docs, cfg.seq_len, cfg.seed, epoch)
+                while position < epoch_batches and step < total_steps:
+                    arrays = packed.batch(position * per_process_rows, per_process_rows)
+                    arrays = {k: v.reshape(cfg.grad_accum, -1, cfg.seq_len)
+                              for k, v in arrays.items()}
+                    batch = put_batch(trainer, arrays)
+                    state, metrics = _step(trainer, state, target_w, vocab_dev, batch, cfg)
+                    step, position = step + 1, position + 1
+                    if pending is not None:
+                        _report(pending, log, progress, epoch)
+                    pending = (step, metrics, time.time())
+                    if step % cfg.save_every == 0 or step == total_steps:
+                        _report(pending, log, progress, epoch)
+                        pending = None
+                        _save(out, state, step, epoch, position, cfg)
+                        last_saved = step
+                    if eval_docs is not None and (step % cfg.eval_every == 0
+                                                  or step == total_steps):
+                        _evaluate(trainer, state, target_w, vocab_dev, eval_docs, cfg, step,
+                                  log, progress)
+                if position >= epoch_batches:
+                    epoch, position = epoch + 1, 0
+            if pending is not None:
+                _report(pending, log, progress, epoch)
+    except TrainingDiverged as e:
+        raise TrainingDiverged(f"{e} The last good checkpoint is step {last_saved} in "
+                               f"{checkpoints.checkpoint_dir(out)}; lower --lr or raise "
+                               "--warmup-ratio, then --resume.") from None
+    finally:
+        if log:
+            log.close()
+    final = out / "final"
+    if jax.process_index() == 0:
+        training = {**cfg.to_json(), "steps": step, "wall_time_s": round(time.time() - t_start),
+                    "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind,
+                    "data_records": len(docs) * jax.process_count(),
+                    "data_tokens": docs.num_tokens * jax.process_count(),
+                    "mesh": f"data={mesh.shape['data']},tensor={mesh.shape['tensor']}"}
+        save_draft(final, Draft(dcfg, state.params, vocab, tcfg.name, ckpt.hf_config,
+                                fingerprints, training), force=True)
+        console.print(f"[green]done[/green]: {step} steps in {time.time() - t_start:.0f}s; "
+                      f"draft written to {final}")
+    return final
+
+
+def _check_target_tokenizer(target: str, key: str) -> None:
+    """Refuses data tokenized for another model (before any device work)."""
+    from eagle3kit.data.tokenizer import load_tokenizer
+
+    try:
+        tok = load_tokenizer(target)
+    except UserError:
+        return  # a target without tokenizer files: the vocab size check still applies
+    require_same(tokenizer_fingerprint(tok, target).key, key, "the vocab and data", target)
+
+
+def _init_params(cfg: TrainConfig) -> Draft | None:
+    if not cfg.init_from:
+        return None
+    from eagle3kit.formats import load_any_draft
+
+    return load_any_draft(cfg.init_from)
+
+
+def _check_init_vocab(init: Draft, vocab, where) -> Any:
+    if not np.array_equal(init.vocab.used_ids, vocab.used_ids):
+        raise MismatchError("--init-from draft uses another draft vocabulary than --vocab; "
+                            "pass that draft's vocab (or re-select with its ids)", path=where)
+    return init.vocab
+
+
+def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | None):
+    existing = checkpoints.list_checkpoints(out)
+    if cfg.resume and existing:
+        abstract = trainer.abstract_state()
+        values, meta = checkpoints.load(existing[-1], abstract)
+        state = jax.device_put(values, trainer.state_shardings)
+        return state, int(meta["step"]), int(meta["epoch"]), int(meta["position"])
+    params = init.weights if init else None
+    return trainer.init_state(jax.random.key(cfg.seed), params), 0, 0, 0
+
+
+def _step(trainer, state, target_w, vocab_dev, batch, cfg):
+    try:
+        return trainer.train_step(state, target_w, vocab_dev, batch)
+    except Exception as e:  # XLA reports OOM as a runtime error with RESOURCE_EXHAUSTED
+        if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
+            raise ResourceError(
+                f"out of device memory for --batch-size {cfg.batch_size} x --seq-len "
+                f"{cfg.seq_len} x --ttt-length {cfg.ttt_length}: lower --batch-size (and raise "
+                "--grad-accum to keep the global batch), shorten --seq-len, or add tensor "
+                "parallelism (--mesh tensor=N)") from None
+        raise
+
+
+def _report(pending, log, progress, epoch) -> None:
+    step, m, t = pending
+    m = jax.device_get(m)
+    loss = float(m.loss)
+    if not math.isfinite(loss):
+        raise TrainingDiverged(f"the loss became {loss} at step {step}.")
+    s = summarize(m.counts)
+    record = {"step": step, "epoch": epoch, "loss": round(loss, 6), "lr": float(m.lr),
+              "grad_norm": round(float(m.grad_norm), 6), "tokens": int(m.tokens),
+              "acc": s["acc"], "cond_acc": s["cond_acc"], "tau": s["tau"]}
+    record["tokens_per_s"] = progress.update(step, record, t)
+    if log:
+        log.write(msgspec.json.encode(record).decode() + "\n")
+        log.flush()
+
+
+def _save(out, state, step, epoch, position, cfg) -> None:
+    if jax.process_index() == 0:
+        checkpoints.save(out, state, {"step": step, "epoch": epoch, "position": position,
+                                      "seed": cfg.seed}, keep=cfg.keep_checkpoints)
+
+
+def _evaluate(trainer, state, target_w, vocab_dev, docs, cfg, step, log, progress) -> None:
+    s = common.teacher_forced(trainer, state.params, target_w, vocab_dev, docs,
+                              cfg.batch_size, cfg.seq_len)
+    record = {"step": step, "eval": True, **s}
+    progress.note_eval(record)
+    if log:
+        log.write(msgspec.json.encode(record).decode() + "\n")
+        log.flush()
