@@ -40,6 +40,8 @@ def train(
     dtype: str = typer.Option("bfloat16", help="Draft compute dtype: bfloat16 or float32 "
                               "(master weights and optimizer state are float32)."),
     target_dtype: str = typer.Option("bfloat16", help="Target weights: bfloat16 or float32."),
+    attention: str = typer.Option("auto", help="Target attention kernel: auto (cuDNN flash "
+                                  "attention on GPUs in bf16), xla or cudnn."),
     aux_layers: str | None = typer.Option(None, help="Captured target layers as HF "
                                           "hidden_states indices, e.g. 2,15,27 "
                                           "(default 2,N//2,N-3)."),
@@ -69,6 +71,9 @@ def train(
     for name, value in (("--dtype", dtype), ("--target-dtype", target_dtype)):
         if value not in DTYPES:
             raise typer.BadParameter(f"{value!r}; choose {' or '.join(DTYPES)}", param_hint=name)
+    if attention not in ("auto", "xla", "cudnn"):
+        raise typer.BadParameter(f"{attention!r}; choose auto, xla or cudnn",
+                                 param_hint="--attention")
     common.init_distributed(coordinator, num_processes, process_id)
     cfg = TrainConfig(
         target=target, data=str(data), vocab=str(vocab), out=str(out),
@@ -76,7 +81,7 @@ def train(
         epochs=epochs, max_steps=max_steps, lr=lr, warmup_ratio=warmup_ratio,
         min_lr_ratio=min_lr_ratio, weight_decay=weight_decay, clip_norm=clip_norm,
         batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, mesh=mesh, dtype=dtype,
-        target_dtype=target_dtype, seed=seed, save_every=save_every,
+        target_dtype=target_dtype, attention=attention, seed=seed, save_every=save_every,
         keep_checkpoints=keep_checkpoints, eval_every=eval_every, log_every=log_every,
         aux_layer_ids=_parse_layers(aux_layers), init_from=init_from, resume=resume)
     run(cfg, console)

@@ -96,7 +96,7 @@ def embed_tokens(w: TargetWeights, tokens_BxT: jax.Array) -> jax.Array:
 
 
 def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, inv_freq, kv_fn,
-           l, extra):
+           l, extra, attn_impl: str = "xla"):
     """One decoder layer (index `l`).
 
     `kv_fn(k, v, l, extra) -> (k_all, v_all, mask, extra)` supplies the keys to attend to:
@@ -116,7 +116,7 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, inv_freq
         k = constrain(rope(k, positions_BxT, inv_freq), ("batch", "seq", "act_heads", None))
         v = constrain(v, ("batch", "seq", "act_heads", None))
         k_all, v_all, mask, extra = kv_fn(k, v, l, extra)
-        a = attend(q, k_all, v_all, mask)
+        a = attend(q, k_all, v_all, mask, attn_impl)
         x_BxTxD = x_BxTxD + jnp.einsum("btnh,nhd->btd", a, lw.o)
     h = rms_norm(x_BxTxD, lw.mlp_norm, cfg.rms_norm_eps)
     x_BxTxD = x_BxTxD + swiglu(h, lw.gate, lw.up, lw.down)
@@ -140,7 +140,7 @@ def _capture_slots(cfg: TargetConfig, unique_ids: tuple[int, ...]) -> jax.Array:
 
 
 def _scan_layers(w: TargetWeights, cfg: TargetConfig, tokens_BxT, positions_BxT,
-                 aux_layer_ids, kv_fn, extra):
+                 aux_layer_ids, kv_fn, extra, attn_impl: str = "xla"):
     """Runs the stacked layers, writing the input of each captured layer into its slot.
 
     Capturing costs one [B,T,D] write per layer (uncaptured layers write a scratch slot)
@@ -158,7 +158,7 @@ def _scan_layers(w: TargetWeights, cfg: TargetConfig, tokens_BxT, positions_BxT,
         x, aux, extra = carry
         lw, l = layer
         aux = jax.lax.dynamic_update_slice(aux, x[None], (slots[l], 0, 0, 0))
-        x, extra = _layer(x, lw, cfg, positions_BxT, inv_freq, kv_fn, l, extra)
+        x, extra = _layer(x, lw, cfg, positions_BxT, inv_freq, kv_fn, l, extra, attn_impl)
         return (x, aux, extra), None
 
     (x, aux, extra), _ = jax.lax.scan(body, (x, aux, extra),
@@ -171,11 +171,13 @@ def _scan_layers(w: TargetWeights, cfg: TargetConfig, tokens_BxT, positions_BxT,
 
 def forward(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
             segment_ids_BxT: jax.Array | None = None, positions_BxT: jax.Array | None = None,
-            aux_layer_ids: tuple[int, ...] | None = None) -> TargetOutput:
+            aux_layer_ids: tuple[int, ...] | None = None, attn_impl: str = "xla"
+            ) -> TargetOutput:
     """Full-sequence forward (training, teacher-forced eval).
 
     `segment_ids` (0 = padding) keep packed documents apart; `positions` restart per document.
     Returns the final-normed hidden state and the captured auxiliary states.
+    `attn_impl`: "xla" or "cudnn" (see layers.attend).
     """
     aux_layer_ids = aux_layer_ids or cfg.default_aux_layer_ids()
     b, t = tokens_BxT.shape
@@ -188,7 +190,8 @@ def forward(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
     def kv_fn(k, v, l, extra):
         return k, v, mask, extra
 
-    out, _ = _scan_layers(w, cfg, tokens_BxT, positions_BxT, aux_layer_ids, kv_fn, None)
+    out, _ = _scan_layers(w, cfg, tokens_BxT, positions_BxT, aux_layer_ids, kv_fn, None,
+                          attn_impl)
     return out
 
 

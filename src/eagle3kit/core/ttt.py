@@ -63,6 +63,7 @@ class TTTConfig:
     steps: int = 7
     decay: float = 0.8
     compute_dtype: Any = jnp.bfloat16
+    attention: str = "xla"  # the target's attention: "xla" or "cudnn" (layers.attend)
 
 
 @jax.tree_util.register_dataclass
@@ -99,11 +100,11 @@ def valid_counts(batch: Batch, steps: int) -> jax.Array:
 
 
 def target_signals(target_w: target.TargetWeights, tcfg: TargetConfig, dcfg: DraftConfig,
-                   vocab: VocabArrays, batch: Batch) -> TargetSignals:
+                   vocab: VocabArrays, batch: Batch, attention: str = "xla") -> TargetSignals:
     """Runs the frozen target once: captured states, logits, draft-vocab distribution."""
     with jax.named_scope("target"):
         out = target.forward(target_w, tcfg, batch.tokens, batch.segment_ids, batch.positions,
-                             dcfg.aux_layer_ids)
+                             dcfg.aux_layer_ids, attention)
         logits = target.logits(target_w, out.hidden_BxTxD)
         argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         draft_logits = jnp.take(logits, vocab.draft_to_target, axis=-1).astype(jnp.float32)
@@ -183,5 +184,5 @@ def loss_fn(params: draft.DraftWeights, target_w: target.TargetWeights, batch: B
             vocab: VocabArrays, denominators_K: jax.Array, *, tcfg: TargetConfig,
             dcfg: DraftConfig, ttt: TTTConfig) -> tuple[jax.Array, StepCounts]:
     """Target forward (frozen) + draft rollout: the function the trainer differentiates."""
-    sig = target_signals(target_w, tcfg, dcfg, vocab, batch)
+    sig = target_signals(target_w, tcfg, dcfg, vocab, batch, ttt.attention)
     return rollout(params, dcfg, sig, batch, vocab, ttt, denominators_K)

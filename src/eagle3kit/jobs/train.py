@@ -26,6 +26,7 @@ import numpy as np
 
 from eagle3kit.core import ttt
 from eagle3kit.core.config import DraftConfig
+from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.metrics import summarize
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import make_mesh
@@ -67,6 +68,7 @@ class TrainConfig:
     mesh: str | None = None
     dtype: str = "bfloat16"  # draft compute dtype (master weights stay float32)
     target_dtype: str = "bfloat16"
+    attention: str = "auto"  # target attention kernel: auto | xla | cudnn
     seed: int = 0
     save_every: int = 500
     keep_checkpoints: int = 2
@@ -84,7 +86,7 @@ class TrainConfig:
 
 # fields a resumed run may change (how long, how often); everything else must match
 _RESUMABLE = {"epochs", "max_steps", "save_every", "keep_checkpoints", "eval_every",
-              "log_every", "resume", "eval_data", "mesh", "out"}
+              "log_every", "resume", "eval_data", "mesh", "out", "attention"}
 
 
 def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
@@ -168,7 +170,8 @@ def run(cfg: TrainConfig, console) -> Path:
     optim = OptimConfig(lr=cfg.lr, warmup_ratio=cfg.warmup_ratio, total_steps=total_steps,
                         min_lr_ratio=cfg.min_lr_ratio, b1=cfg.b1, b2=cfg.b2,
                         weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm)
-    ttt_cfg = ttt.TTTConfig(cfg.ttt_length, cfg.decay, DTYPES[cfg.dtype])
+    ttt_cfg = ttt.TTTConfig(cfg.ttt_length, cfg.decay, DTYPES[cfg.dtype],
+                            resolve_attention(cfg.attention, DTYPES[cfg.target_dtype]))
     trainer = Trainer(tcfg, dcfg, ttt_cfg, optim, mesh)
     target_w = load_target(ckpt, mesh, DTYPES[cfg.target_dtype])
     vocab_dev = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
