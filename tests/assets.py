@@ -83,3 +83,102 @@ def smollm2_torch():
 
 def read_json(path: Path):
     return json.loads(Path(path).read_text())
+
+
+def sharegpt_chats(n: int, skip: int = 0):
+    """The first `n` trainable real ShareGPT conversations (after `skip`), as ChatRecords."""
+    from eagle3kit.data.sources import Reader, drop_reason, normalise, parse_source
+
+    out = []
+    for raw in Reader(parse_source(str(sharegpt_path()))):
+        try:
+            rec = normalise(raw, "sharegpt", "sharegpt")
+        except Exception:
+            continue
+        if drop_reason(rec) is None:
+            if skip:
+                skip -= 1
+                continue
+            out.append(rec)
+            if len(out) == n:
+                break
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_tokenizer():
+    from eagle3kit.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(smollm2_gguf()))
+
+
+def write_token_records(path: Path, chats, tokenizer, max_length: int = 512) -> int:
+    """Renders chats with the real chat template (as `eagle3kit tokenize` does)."""
+    from eagle3kit.data.chat import render
+    from eagle3kit.data.fingerprint import tokenizer_fingerprint
+    from eagle3kit.data.records import TokenRecord, encode
+
+    key = tokenizer_fingerprint(tokenizer, "smollm2").key
+    n = 0
+    with open(path, "wb") as f:
+        for c in chats:
+            try:
+                ids, mask = render(tokenizer, c.messages)
+            except Exception:
+                continue
+            ids, mask = ids[:max_length], mask[:max_length]
+            if any(mask):
+                f.write(encode(TokenRecord(c.id, ids, mask, key)))
+                n += 1
+    return n
+
+
+def write_vocab_for(records_path: Path, out: Path, size: int, tokenizer) -> None:
+    """The draft vocab of the records' masked tokens (as `eagle3kit vocab-select` does)."""
+    import numpy as np
+
+    from eagle3kit.core.vocab import VocabMap
+    from eagle3kit.data.fingerprint import tokenizer_fingerprint
+    from eagle3kit.data.records import read_token_records
+    from eagle3kit.io.draft_io import write_vocab
+
+    counts = np.zeros(len(tokenizer), np.int64)
+    for r in read_token_records(records_path):
+        ids = np.asarray(r.input_ids)[np.asarray(r.loss_mask, bool)]
+        np.add.at(counts, ids, 1)
+    vocab, _ = VocabMap.from_counts(counts, size)
+    write_vocab(out, vocab, {"tokenizer": tokenizer_fingerprint(tokenizer, "smollm2").to_json()})
+
+
+def tiny_target_with_smollm2_tokenizer(directory: Path, seed: int = 0) -> Path:
+    """A tiny random Llama with SmolLM2's real tokenizer and vocab (fast CPU training)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.AutoConfig.for_model(**{
+        **TINY["llama"], "vocab_size": 49152, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 8, "rope_scaling": None, "tie_word_embeddings": True})
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.save_pretrained(directory, safe_serialization=True)
+    smollm2_tokenizer().save_pretrained(directory)
+    return directory
+
+
+@functools.lru_cache(maxsize=1)
+def _train_assets_cache() -> Path:
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="eagle3kit-train-assets-"))
+    tok = smollm2_tokenizer()
+    tiny_target_with_smollm2_tokenizer(root / "target")
+    write_token_records(root / "train.jsonl", sharegpt_chats(48), tok, max_length=256)
+    write_token_records(root / "heldout.jsonl", sharegpt_chats(12, skip=48), tok,
+                        max_length=256)
+    write_vocab_for(root / "train.jsonl", root / "vocab.safetensors", 512, tok)
+    return root
+
+
+def train_assets() -> Path:
+    """target/, train.jsonl, heldout.jsonl, vocab.safetensors (built once per session)."""
+    return _train_assets_cache()

@@ -25,7 +25,9 @@ def train(
     ttt_length: int = typer.Option(7, min=1, help="TTT steps K (draft tokens per rollout)."),
     decay: float = typer.Option(0.8, help="Loss weight of step k is decay**k."),
     epochs: int = typer.Option(3, min=1, help="Passes over the data."),
-    max_steps: int | None = typer.Option(None, min=1, help="Stop after this many steps."),
+    max_steps: int | None = typer.Option(None, min=1, help="Stop after this many steps (the "
+                                         "LR schedule still spans --epochs; --resume with a "
+                                         "larger value continues the same run)."),
     lr: float = typer.Option(3e-4, help="Peak learning rate (AdamW)."),
     warmup_ratio: float = typer.Option(0.03, min=0.0, max=1.0, help="Linear warmup share."),
     min_lr_ratio: float = typer.Option(0.0, min=0.0, help="Final LR as a share of --lr."),

@@ -78,10 +78,12 @@ def parse_mesh_spec(spec: str | None, num_devices: int) -> tuple[int, int]:
         tensor = 1 if data is None else max(num_devices // data, 1)
     if data is None:
         data = max(num_devices // tensor, 1)
-    if data * tensor != num_devices:
+    if num_devices % (data * tensor) or (data * tensor != num_devices
+                                         and jax.process_count() > 1):
         raise ResourceError(
             f"--mesh data={data},tensor={tensor} needs {data * tensor} devices, "
-            f"but {num_devices} are visible ({jax.default_backend()})")
+            f"but {num_devices} are visible ({jax.default_backend()}); the mesh must use all "
+            "devices or (on one host) a divisor of them")
     return data, tensor
 
 
@@ -89,6 +91,7 @@ def make_mesh(spec: str | None = None, devices: list | None = None) -> Mesh:
     """Builds the (data, tensor) mesh from `"data=D,tensor=T"` over all (or the given) devices."""
     devices = list(jax.devices()) if devices is None else list(devices)
     data, tensor = parse_mesh_spec(spec, len(devices))
+    devices = devices[: data * tensor]  # a smaller explicit mesh uses the first devices
     # tensor is the fastest-varying axis so that tensor-parallel peers sit on one host.
     grid = np.array(devices, dtype=object).reshape(data, tensor)
     return Mesh(grid, MESH_AXES)

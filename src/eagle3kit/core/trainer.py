@@ -126,7 +126,7 @@ class Trainer:
         (grads, loss, counts), _ = jax.lax.scan(micro, init, batch)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = StepMetrics(loss=loss, grad_norm=optax.global_norm(grads),
+        metrics = StepMetrics(loss=loss, grad_norm=optax.tree.norm(grads),
                               lr=self.lr_at(state.step), tokens=(batch.segment_ids > 0).sum(),
                               counts=counts)
         return TrainState(params, opt_state, state.step + 1), metrics

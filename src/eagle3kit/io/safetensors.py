@@ -88,7 +88,9 @@ def save(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     arrays, offset = [], 0
     for name, value in tensors.items():
-        a = np.ascontiguousarray(np.asarray(value))
+        a = np.asarray(value)
+        if not a.flags.c_contiguous:  # (np.ascontiguousarray would turn a scalar 1-d)
+            a = a.copy(order="C")
         if a.dtype not in _NAMES:
             raise TypeError(f"{name}: dtype {a.dtype} cannot be stored in safetensors")
         header[name] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape),

@@ -29,7 +29,8 @@ from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.metrics import summarize
 from eagle3kit.core.optim import OptimConfig
-from eagle3kit.core.sharding import make_mesh
+from eagle3kit.core.sharding import make_mesh, shardings
+from eagle3kit.core.target import TargetWeights
 from eagle3kit.core.trainer import Trainer, put_batch
 from eagle3kit.data.fingerprint import require_same, tokenizer_fingerprint
 from eagle3kit.data.packing import pack_epoch
@@ -149,13 +150,13 @@ def run(cfg: TrainConfig, console) -> Path:
         "target": f"{tcfg.name}:{tcfg.family}:{tcfg.num_layers}x{tcfg.hidden_size}:"
                   f"{tcfg.vocab_size}",
     }
-    out = _prepare_run_dir(cfg, fingerprints)
-
     mesh = make_mesh(cfg.mesh)
     rows = cfg.batch_size
     if rows % mesh.shape["data"]:
         raise UserError(f"--batch-size {rows} must be a multiple of the data axis "
                         f"({mesh.shape['data']}); rows are split over data-parallel devices")
+    shardings(TargetWeights.abstract(tcfg), mesh)  # a mesh that cannot split the heads: now
+    out = _prepare_run_dir(cfg, fingerprints)
     init = _init_params(cfg)
     dcfg = init.config if init else DraftConfig.for_target(tcfg, vocab.draft_size,
                                                           cfg.aux_layer_ids)
@@ -164,10 +165,11 @@ def run(cfg: TrainConfig, console) -> Path:
     per_process_rows = rows * cfg.grad_accum // jax.process_count()
     epoch_batches = common.agree_max(
         -(-len(pack_epoch(docs, cfg.seq_len, cfg.seed, 0).rows) // per_process_rows))
-    total_steps = epoch_batches * cfg.epochs
-    if cfg.max_steps:
-        total_steps = min(total_steps, cfg.max_steps)
-    optim = OptimConfig(lr=cfg.lr, warmup_ratio=cfg.warmup_ratio, total_steps=total_steps,
+    # The LR schedule spans the planned run (--epochs); --max-steps only stops early, so a
+    # capped run resumed with a larger cap continues exactly as one uninterrupted run.
+    planned_steps = epoch_batches * cfg.epochs
+    total_steps = min(planned_steps, cfg.max_steps or planned_steps)
+    optim = OptimConfig(lr=cfg.lr, warmup_ratio=cfg.warmup_ratio, total_steps=planned_steps,
                         min_lr_ratio=cfg.min_lr_ratio, b1=cfg.b1, b2=cfg.b2,
                         weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm)
     ttt_cfg = ttt.TTTConfig(cfg.ttt_length, cfg.decay, DTYPES[cfg.dtype],
@@ -179,7 +181,8 @@ def run(cfg: TrainConfig, console) -> Path:
     state, step, epoch, position = _initial_state(cfg, trainer, out, init)
     console.print(f"[bold]train[/bold] {tcfg.name}: {len(docs):,} records "
                   f"({docs.num_tokens:,} tokens, {docs.truncated} truncated), "
-                  f"{epoch_batches} steps/epoch x {cfg.epochs} epochs -> {total_steps} steps; "
+                  f"{epoch_batches} steps/epoch x {cfg.epochs} epochs = {planned_steps} steps"
+                  f"{f' (stopping at {total_steps})' if total_steps < planned_steps else ''}; "
                   f"mesh data={mesh.shape['data']},tensor={mesh.shape['tensor']} on "
                   f"{jax.device_count()} {jax.devices()[0].device_kind}")
     metrics_path = out / "metrics.jsonl"

@@ -1,0 +1,158 @@
+"""`eagle3kit train` through the CLI: a run end to end, exact resume, sharding, bad input.
+
+The target is a tiny random Llama with SmolLM2's real tokenizer; the data are real ShareGPT
+conversations rendered with SmolLM2's chat template (tests/assets.train_assets).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from eagle3kit.cli.app import app
+from eagle3kit.io.draft_io import load_draft
+from tests import assets
+
+runner = CliRunner()
+MESH = "data=4,tensor=2"  # 8 simulated CPU devices (conftest)
+
+
+def base_args(a: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--target", str(a / "target"), "--data", str(a / "train.jsonl"),
+            "--vocab", str(a / "vocab.safetensors"), "--out", str(out), "--seq-len", "128",
+            "--batch-size", "4", "--ttt-length", "3", "--epochs", "1", "--mesh", MESH,
+            "--dtype", "float32", "--target-dtype", "float32", "--save-every", "2",
+            "--lr", "1e-3", *extra]
+
+
+def invoke(args):
+    result = runner.invoke(app, args)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def losses(run: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in rows if not r.get("eval")]
+
+
+@pytest.fixture(scope="module")
+def a():
+    return assets.train_assets()
+
+
+def test_train_resume_equals_uninterrupted(a, tmp_path):
+    whole = tmp_path / "whole"
+    r = invoke(base_args(a, whole, "--max-steps", "4"))
+    assert r.exit_code == 0, r.output
+    first = tmp_path / "part"
+    r = invoke(base_args(a, first, "--max-steps", "2"))
+    assert r.exit_code == 0, r.output
+    r = invoke(base_args(a, first, "--max-steps", "4", "--resume"))
+    assert r.exit_code == 0, r.output
+    assert [s for s, _ in losses(whole)] == [1, 2, 3, 4]
+    assert losses(first) == losses(whole)
+    a_w, b_w = load_draft(whole / "final"), load_draft(first / "final")
+    for name in a_w.weights.__dataclass_fields__:
+        np.testing.assert_array_equal(getattr(a_w.weights, name), getattr(b_w.weights, name))
+    final = load_draft(whole / "final")
+    assert final.training["steps"] == 4 and final.vocab.target_size == 49152
+    assert final.config.aux_layer_ids == (2, 4, 5)
+    recorded = json.loads((whole / "config.json").read_text())
+    assert set(recorded["fingerprints"]) == {"tokenizer", "data", "vocab", "target"}
+
+
+def test_same_batch_on_one_device_and_on_a_mesh(a, tmp_path):
+    """The same global batch on data=4,tensor=2 and on one device: same losses and update."""
+    sharded, single = tmp_path / "sharded", tmp_path / "single"
+    assert invoke(base_args(a, sharded, "--max-steps", "2")).exit_code == 0
+    args = base_args(a, single, "--max-steps", "2")
+    args[args.index(MESH)] = "data=1,tensor=1"
+    assert invoke(args).exit_code == 0
+    for (s1, l1), (s2, l2) in zip(losses(sharded), losses(single), strict=True):
+        assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5)
+    w1, w2 = load_draft(sharded / "final").weights, load_draft(single / "final").weights
+    for name in w1.__dataclass_fields__:
+        np.testing.assert_allclose(getattr(w1, name), getattr(w2, name), rtol=1e-4, atol=1e-6)
+
+
+def test_eval_data_and_metrics(a, tmp_path):
+    out = tmp_path / "run"
+    r = invoke(base_args(a, out, "--max-steps", "2", "--eval-data", str(a / "heldout.jsonl"),
+                         "--eval-every", "2"))
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [x for x in rows if not x.get("eval")]
+    evals = [x for x in rows if x.get("eval")]
+    assert len(evals) == 1 and len(evals[0]["acc"]) == 3 and evals[0]["masked_tokens"] > 100
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "acc", "cond_acc", "tau"):
+        assert key in train_rows[-1]
+    assert 1.0 <= evals[0]["tau"] <= 4.0
+
+
+def test_refuses_existing_run_and_changed_config(a, tmp_path):
+    out = tmp_path / "run"
+    assert invoke(base_args(a, out, "--max-steps", "2")).exit_code == 0
+    r = invoke(base_args(a, out, "--max-steps", "2"))
+    assert r.exit_code != 0 and "already holds a run" in r.output
+    r = invoke(base_args(a, out, "--max-steps", "3", "--resume", "--seed", "5"))
+    assert r.exit_code == 3 and "--seed" in r.output
+
+
+def test_mismatched_vocab_is_refused_before_compute(a, tmp_path):
+    other = tmp_path / "other_vocab.safetensors"
+    from eagle3kit.core.vocab import VocabMap
+    from eagle3kit.data.fingerprint import Fingerprint
+    from eagle3kit.io.draft_io import write_vocab
+
+    write_vocab(other, VocabMap.from_ids(np.arange(512), 49152),
+                {"tokenizer": Fingerprint("other", 49152, "0123456789abcdef").to_json()})
+    args = base_args(a, tmp_path / "run")
+    args[args.index(str(a / "vocab.safetensors"))] = str(other)
+    r = invoke(args)
+    assert r.exit_code == 3, r.output
+    assert "tokenizer" in r.output and not (tmp_path / "run").exists()
+
+
+def test_mesh_errors(a, tmp_path):
+    args = base_args(a, tmp_path / "run")
+    args[args.index(MESH)] = "data=3,tensor=1"
+    r = invoke(args)
+    assert r.exit_code == 4 and "needs 3 devices" in r.output
+    args[args.index("data=3,tensor=1")] = "data=1,tensor=8"  # 4 heads cannot be split 8 ways
+    r = invoke(args)
+    assert r.exit_code != 0 and "not divisible by tensor=8" in r.output
+
+
+def test_corrupted_checkpoint_on_resume(a, tmp_path):
+    out = tmp_path / "run"
+    assert invoke(base_args(a, out, "--max-steps", "2")).exit_code == 0
+    ckpt = out / "checkpoints" / "step_00000002" / "state.safetensors"
+    data = bytearray(ckpt.read_bytes())
+    data[-5] ^= 0xFF
+    ckpt.write_bytes(bytes(data))
+    r = invoke(base_args(a, out, "--max-steps", "4", "--resume"))
+    assert r.exit_code == 2 and "checksum" in r.output and "step_00000002" in r.output
+    assert ckpt.exists()  # nothing is deleted
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(a, tmp_path):
+    out = tmp_path / "run"
+    args = base_args(a, out, "--max-steps", "6", "--save-every", "1", "--warmup-ratio", "0")
+    args[args.index("1e-3")] = "1e30"
+    r = invoke(args)
+    assert r.exit_code == 5, r.output
+    assert "at step" in r.output and "last good checkpoint" in r.output
+    assert not (out / "final").exists()
+    saved = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert saved and all(not p.startswith(".") for p in saved)
+
+
+def test_help_has_example():
+    r = runner.invoke(app, ["train", "--help"])
+    assert r.exit_code == 0 and "Example" in r.output and "eagle3kit train" in r.output
