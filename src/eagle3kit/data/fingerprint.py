@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from eagle3kit.errors import MismatchError
+from eagle3kit.errors import InputError, MismatchError
 
 
 class Fingerprint(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
@@ -62,3 +62,13 @@ def require_same(expected: str, actual: str, what: str, where: object,
             f"{what} was made with tokenizer {actual}, but {expected_from} is {expected}; "
             "re-tokenize the data (and re-run vocab-select) with the target's tokenizer",
             path=where)
+
+
+def parse_key(key: str, where: object = None) -> tuple[int, str]:
+    """`<vocab size>:<digest>` -> (vocab size, digest); anything else is an InputError."""
+    size, sep, digest = str(key).partition(":")
+    if not (sep and size.isdigit() and int(size) > 0 and len(digest) == 16
+            and all(c in "0123456789abcdef" for c in digest)):
+        raise InputError(f"malformed tokenizer fingerprint {key!r} (expected "
+                         "<vocab size>:<16 hex digits>)", path=where)
+    return int(size), digest

@@ -1,9 +1,11 @@
-"""Loading the target's tokenizer from a local directory, a Hub id or a GGUF file."""
+"""Loading the target's tokenizer from a local directory, a Hub id or a GGUF file, and chat
+templates from files."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,11 +13,17 @@ from typing import Any
 from eagle3kit.errors import InputError
 
 
+def _looks_local(spec: str) -> bool:
+    return spec.startswith(("/", "./", "../", "~")) or spec.endswith(".gguf")
+
+
 def load_tokenizer(spec: str) -> Any:
     """A transformers fast tokenizer for `spec` (directory, `.gguf` file or Hub id)."""
     from transformers import AutoTokenizer
 
     path = Path(spec).expanduser()
+    if not path.exists() and _looks_local(spec):
+        raise InputError("no such file or directory", path=spec)
     quiet = logging.getLogger("transformers")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
@@ -34,3 +42,36 @@ def load_tokenizer(spec: str) -> Any:
         raise InputError(f"cannot load a tokenizer ({first})", path=spec) from None
     finally:
         quiet.setLevel(level)
+
+
+def tokenizer_name(spec: str) -> str:
+    """A readable name for fingerprints: the Hub id, or the file / directory name."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path.resolve().name
+    return spec
+
+
+def load_chat_template(path: str) -> str:
+    """A chat template from a Jinja file, or from a JSON file with a "chat_template" key
+    (tokenizer_config.json, chat_template.json)."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("no such file", path=path) from None
+    except (IsADirectoryError, UnicodeDecodeError) as e:
+        raise InputError(f"not a chat template file ({e})", path=path) from None
+    if p.suffix == ".json":
+        try:
+            value = json.loads(text).get("chat_template")
+        except (json.JSONDecodeError, AttributeError) as e:
+            raise InputError(f"not a JSON object with a chat_template ({e})", path=path) from None
+        if isinstance(value, list):  # [{"name": "default", "template": ...}, ...]
+            value = next((t.get("template") for t in value if t.get("name") == "default"), None)
+        if not isinstance(value, str):
+            raise InputError("no (default) chat_template string in this JSON file", path=path)
+        text = value
+    if "{%" not in text and "{{" not in text:
+        raise InputError("not a Jinja chat template (no {% %} or {{ }})", path=path)
+    return text

@@ -1,0 +1,133 @@
+"""The JSONL records of the data pipeline, as msgspec Structs with reused encoders/decoders.
+
+    mix       -> ChatRecord   {"id", "source", "messages": [{"role", "content"}]}
+    tokenize  -> TokenRecord  {"id", "input_ids", "loss_mask", "tokenizer"}
+
+A reader yields records one line at a time (memory stays flat however large the file) and
+stops at the first bad line with an `InputError` that names the file and line. `-` reads stdin.
+Formats are documented in docs/formats.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Annotated, Literal
+
+import msgspec
+
+from eagle3kit.errors import InputError
+
+ROLES = ("system", "user", "assistant")
+
+
+class Message(msgspec.Struct, frozen=True):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatRecord(msgspec.Struct):
+    """One conversation in the normalised schema (what `mix` writes, `tokenize` reads)."""
+
+    id: str = ""
+    source: str = ""
+    messages: list[Message] = []
+
+
+Bit = Annotated[int, msgspec.Meta(ge=0, le=1)]
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class TokenRecord(msgspec.Struct):
+    """One tokenized conversation: ids [T], loss mask [T] (1 = a token the draft learns to
+    predict: assistant content and its end-of-turn token) and the tokenizer's `Fingerprint.key`."""
+
+    id: str
+    input_ids: list[TokenId]
+    loss_mask: list[Bit]
+    tokenizer: str
+
+
+_ENCODER = msgspec.json.Encoder()
+_CHAT = msgspec.json.Decoder(ChatRecord)
+_TOKEN = msgspec.json.Decoder(TokenRecord)
+
+
+def encode(record: msgspec.Struct) -> bytes:
+    """One JSONL line (with the newline)."""
+    return _ENCODER.encode(record) + b"\n"
+
+
+def display_name(path: str | os.PathLike) -> str:
+    return "<stdin>" if str(path) == "-" else str(path)
+
+
+@contextlib.contextmanager
+def open_input(path: str | os.PathLike) -> Iterator[IO[bytes]]:
+    """Binary input; `-` is stdin. A missing file is an `InputError` naming it."""
+    if str(path) == "-":
+        yield sys.stdin.buffer
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise InputError("is a directory, expected a JSONL file", path=p)
+    try:
+        f = open(p, "rb")
+    except FileNotFoundError:
+        raise InputError("no such file", path=p) from None
+    with f:
+        yield f
+
+
+def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of the non-blank lines of `path`."""
+    with open_input(path) as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                yield number, line
+
+
+def decode_chat(line: bytes, where: str, number: int) -> ChatRecord:
+    """Parses one chat line; a missing `id` becomes `<file>:<line>`."""
+    try:
+        record = _CHAT.decode(line)
+    except msgspec.DecodeError as e:
+        raise InputError(f"not a chat record ({_why(e)})", path=where, line=number) from None
+    if not record.messages:
+        raise InputError("chat record has no messages", path=where, line=number)
+    if not record.id:
+        record.id = f"{Path(where).name}:{number}"
+    return record
+
+
+def decode_token(line: bytes, where: str, number: int) -> TokenRecord:
+    try:
+        record = _TOKEN.decode(line)
+    except msgspec.DecodeError as e:
+        raise InputError(f"not a token record ({_why(e)})", path=where, line=number) from None
+    if len(record.input_ids) != len(record.loss_mask):
+        raise InputError(f"record {record.id!r}: {len(record.input_ids)} input_ids but "
+                         f"{len(record.loss_mask)} loss_mask values", path=where, line=number)
+    return record
+
+
+def read_chat_records(path: str | os.PathLike) -> Iterator[ChatRecord]:
+    """Chat records of a JSONL file (`-` = stdin), checked line by line."""
+    where = display_name(path)
+    for number, line in iter_lines(path):
+        yield decode_chat(line, where, number)
+
+
+def read_token_records(path: str | os.PathLike) -> Iterator[TokenRecord]:
+    """Token records of a JSONL file (`-` = stdin), checked line by line."""
+    where = display_name(path)
+    for number, line in iter_lines(path):
+        yield decode_token(line, where, number)
+
+
+def _why(e: msgspec.DecodeError) -> str:
+    # msgspec says "JSON is malformed: ..." or "Expected `int`, got `str` - at `$.input_ids[3]`"
+    return str(e) or "malformed JSON"

@@ -1,0 +1,53 @@
+"""Tokenizer loading (directory, GGUF) and chat templates from files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagle3kit.data.fingerprint import tokenizer_fingerprint
+from eagle3kit.data.tokenizer import load_chat_template, load_tokenizer, tokenizer_name
+from eagle3kit.errors import InputError
+from tests.data import chat_tokenizers
+
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+@pytest.mark.slow
+def test_directory_and_gguf_give_the_same_fingerprint(smollm2_gguf):
+    from_gguf = chat_tokenizers.smollm2()  # loaded from the GGUF
+    from_dir = load_tokenizer(str(chat_tokenizers.saved("smollm2")))
+    assert tokenizer_fingerprint(from_dir, "a") == tokenizer_fingerprint(from_gguf, "a")
+    assert tokenizer_name(str(smollm2_gguf)) == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert tokenizer_name("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+
+
+def test_missing_local_paths_are_named(tmp_path):
+    with pytest.raises(InputError, match="nope.gguf: no such file or directory"):
+        load_tokenizer(str(tmp_path / "nope.gguf"))
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(InputError, match="not a tokenizer"):
+        load_tokenizer(str(tmp_path / "notes.txt"))
+
+
+def test_chat_template_files(tmp_path):
+    (tmp_path / "t.jinja").write_text(TEMPLATE)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    (tmp_path / "multi.json").write_text(json.dumps({"chat_template": [
+        {"name": "tool_use", "template": "x"}, {"name": "default", "template": TEMPLATE}]}))
+    for name in ("t.jinja", "tokenizer_config.json", "multi.json"):
+        assert load_chat_template(str(tmp_path / name)) == TEMPLATE
+
+
+@pytest.mark.parametrize("name,text,match", [
+    ("plain.txt", "hello", "not a Jinja chat template"),
+    ("cfg.json", '{"eos_token": "x"}', "no \\(default\\) chat_template"),
+    ("bad.json", "{", "not a JSON object"),
+])
+def test_bad_chat_template_files(tmp_path, name, text, match):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(InputError, match=f"{name}: {match}"):
+        load_chat_template(str(tmp_path / name))
+    with pytest.raises(InputError, match="missing.jinja: no such file"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
