@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eagle3kit.core.sharding import to_host
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
@@ -64,7 +66,7 @@ def step_counts(valid_k: list[jax.Array], correct_k: list[jax.Array],
 
 def summarize(counts: StepCounts) -> dict[str, Any]:
     """Host-side ratios: acc, cond_acc (lists over steps), tau, masked token count."""
-    c = jax.tree.map(lambda x: np.asarray(jax.device_get(x), np.float64), counts)
+    c = jax.tree.map(lambda x: np.asarray(x, np.float64), to_host(counts))
     acc = np.where(c.total > 0, c.correct / np.maximum(c.total, 1), 0.0)
     cond = np.where(c.cond_total > 0, c.cond_correct / np.maximum(c.cond_total, 1), 0.0)
     return {

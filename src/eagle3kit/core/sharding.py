@@ -160,6 +160,21 @@ def ones_init(key, shape, dtype):
     return jnp.ones(shape, dtype)
 
 
+def to_host(tree: Any) -> Any:
+    """Numpy copies of a pytree of (possibly multi-host) arrays.
+
+    A replicated array that spans other hosts' devices cannot be fetched whole; every host
+    holds a full copy on its own devices, so the local copy is read instead.
+    """
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if not x.sharding.is_fully_replicated:
+                raise ValueError("to_host: a sharded multi-host array cannot be fetched")
+            return np.asarray(x.addressable_data(0))
+        return np.asarray(jax.device_get(x))
+    return jax.tree.map(one, tree)
+
+
 # ---- activation constraints ---------------------------------------------------------------
 
 _ACTIVE: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar("mesh", default=None)

@@ -96,10 +96,10 @@ def embed_tokens(w: TargetWeights, tokens_BxT: jax.Array) -> jax.Array:
 
 
 def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, inv_freq, kv_fn,
-           l, extra, attn_impl: str = "xla"):
-    """One decoder layer (index `l`).
+           layer, extra, attn_impl: str = "xla"):
+    """One decoder layer (index `layer`).
 
-    `kv_fn(k, v, l, extra) -> (k_all, v_all, mask, extra)` supplies the keys to attend to:
+    `kv_fn(k, v, layer, extra) -> (k_all, v_all, mask, extra)` supplies the keys to attend to:
     the layer's own (training) or a KV cache it updates (decoding).
     """
     with jax.named_scope("attention"):
@@ -115,7 +115,7 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, inv_freq
         q = constrain(rope(q, positions_BxT, inv_freq), ("batch", "seq", "act_heads", None))
         k = constrain(rope(k, positions_BxT, inv_freq), ("batch", "seq", "act_heads", None))
         v = constrain(v, ("batch", "seq", "act_heads", None))
-        k_all, v_all, mask, extra = kv_fn(k, v, l, extra)
+        k_all, v_all, mask, extra = kv_fn(k, v, layer, extra)
         a = attend(q, k_all, v_all, mask, attn_impl)
         x_BxTxD = x_BxTxD + jnp.einsum("btnh,nhd->btd", a, lw.o)
     h = rms_norm(x_BxTxD, lw.mlp_norm, cfg.rms_norm_eps)
@@ -130,7 +130,7 @@ class TargetOutput:
 
 
 def _capture_slots(cfg: TargetConfig, unique_ids: tuple[int, ...]) -> jax.Array:
-    """slot[l] = position of layer l in `unique_ids`, or len(ids) (a scratch slot)."""
+    """slot[layer] = position of that layer in `unique_ids`, or len(ids) (a scratch slot)."""
     slots = [len(unique_ids)] * cfg.num_layers
     for j, i in enumerate(unique_ids):
         if not 0 <= i < cfg.num_layers:
@@ -154,11 +154,11 @@ def _scan_layers(w: TargetWeights, cfg: TargetConfig, tokens_BxT, positions_BxT,
     b, t, d = x.shape
     aux = jnp.zeros((n + 1, b, t, d), x.dtype)
 
-    def body(carry, layer):
+    def body(carry, xs):
         x, aux, extra = carry
-        lw, l = layer
-        aux = jax.lax.dynamic_update_slice(aux, x[None], (slots[l], 0, 0, 0))
-        x, extra = _layer(x, lw, cfg, positions_BxT, inv_freq, kv_fn, l, extra, attn_impl)
+        lw, layer = xs
+        aux = jax.lax.dynamic_update_slice(aux, x[None], (slots[layer], 0, 0, 0))
+        x, extra = _layer(x, lw, cfg, positions_BxT, inv_freq, kv_fn, layer, extra, attn_impl)
         return (x, aux, extra), None
 
     (x, aux, extra), _ = jax.lax.scan(body, (x, aux, extra),
@@ -187,7 +187,7 @@ def forward(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
         positions_BxT = jnp.broadcast_to(jnp.arange(t), (b, t))
     mask = causal_mask(segment_ids_BxT)
 
-    def kv_fn(k, v, l, extra):
+    def kv_fn(k, v, layer, extra):
         return k, v, mask, extra
 
     out, _ = _scan_layers(w, cfg, tokens_BxT, positions_BxT, aux_layer_ids, kv_fn, None,
@@ -232,11 +232,11 @@ def forward_cached(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
     mask = jnp.broadcast_to(jnp.arange(max_len)[None, :] <= positions[0][:, None],
                             (b, t, max_len))
 
-    def kv_fn(k, v, l, extra):
+    def kv_fn(k, v, layer, extra):
         ck, cv = extra
-        ck = jax.lax.dynamic_update_slice(ck, k[None], (l, 0, start, 0, 0))
-        cv = jax.lax.dynamic_update_slice(cv, v[None], (l, 0, start, 0, 0))
-        return ck[l], cv[l], mask, (ck, cv)
+        ck = jax.lax.dynamic_update_slice(ck, k[None], (layer, 0, start, 0, 0))
+        cv = jax.lax.dynamic_update_slice(cv, v[None], (layer, 0, start, 0, 0))
+        return ck[layer], cv[layer], mask, (ck, cv)
 
     out, (k, v) = _scan_layers(w, cfg, tokens_BxT, positions, aux_layer_ids, kv_fn,
                                (cache.k, cache.v))

@@ -118,8 +118,8 @@ class Trainer:
 
         def micro(carry, mb):
             grads, loss, counts = carry
-            (l, c), g = grad_fn(state.params, target_w, mb, vocab, denominators)
-            return (jax.tree.map(jnp.add, grads, g), loss + l, counts + c), None
+            (mb_loss, c), g = grad_fn(state.params, target_w, mb, vocab, denominators)
+            return (jax.tree.map(jnp.add, grads, g), loss + mb_loss, counts + c), None
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         init = (zeros, jnp.zeros((), jnp.float32), StepCounts.zeros(self.ttt.steps))

@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from eagle3kit.core.sharding import to_host
 from eagle3kit.errors import InputError
 from eagle3kit.io import safetensors as st
 from eagle3kit.io.atomic import atomic_dir
@@ -41,7 +42,7 @@ def _sha256(path: Path) -> str:
 
 def flatten(tree: Any) -> dict[str, np.ndarray]:
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return {jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf)) for path, leaf in leaves}
+    return {jax.tree_util.keystr(path): to_host(leaf) for path, leaf in leaves}
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

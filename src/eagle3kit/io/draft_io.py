@@ -20,11 +20,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.sharding import to_host
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.errors import InputError
 from eagle3kit.io import safetensors as st
@@ -50,7 +50,7 @@ class Draft:
 
 
 def weights_to_numpy(w: DraftWeights) -> dict[str, np.ndarray]:
-    return {f.name: np.asarray(jax.device_get(getattr(w, f.name)))
+    return {f.name: to_host(getattr(w, f.name))
             for f in dataclasses.fields(DraftWeights)}
 
 

@@ -53,6 +53,13 @@ def agree_max(n: int) -> int:
     return int(np.max(multihost_utils.process_allgather(np.asarray([n], np.int64))))
 
 
+def barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 @dataclasses.dataclass
 class VocabFile:
     vocab: VocabMap

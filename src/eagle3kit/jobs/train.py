@@ -29,7 +29,7 @@ from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.metrics import summarize
 from eagle3kit.core.optim import OptimConfig
-from eagle3kit.core.sharding import make_mesh, shardings
+from eagle3kit.core.sharding import make_mesh, shardings, to_host
 from eagle3kit.core.target import TargetWeights
 from eagle3kit.core.trainer import Trainer, put_batch
 from eagle3kit.data.fingerprint import require_same, tokenizer_fingerprint
@@ -109,6 +109,7 @@ def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
                                     path=recorded)
     elif cfg.resume and not checkpoints.list_checkpoints(out):
         raise UserError(f"--resume: {out} holds no run to resume")
+    common.barrier("run-dir checked")  # every process has looked before process 0 writes
     if jax.process_index() == 0:
         out.mkdir(parents=True, exist_ok=True)
         with atomic_path(recorded) as tmp:
@@ -290,7 +291,7 @@ def _step(trainer, state, target_w, vocab_dev, batch, cfg):
 
 def _report(pending, log, progress, epoch) -> None:
     step, m, t = pending
-    m = jax.device_get(m)
+    m = to_host(m)
     loss = float(m.loss)
     if not math.isfinite(loss):
         raise TrainingDiverged(f"the loss became {loss} at step {step}.")
