@@ -39,6 +39,9 @@ def _root(
 from eagle3kit.cli import train  # noqa: E402
 
 app.command("train")(train.train)
+from eagle3kit.cli import convert, push  # noqa: E402, I001
+app.command("convert")(convert.convert)
+app.command("push")(push.push)
 
 
 def main() -> None:

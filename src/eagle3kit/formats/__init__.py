@@ -1,0 +1,194 @@
+"""Draft formats: eagle3kit's own, SGLang's midlayer format, and speculators (vLLM).
+
+The public API other modules call:
+
+    load_any_draft(source, target=None, target_name=None, fmt="auto") -> Draft
+        `source` is a local directory or a Hub id of a draft in any of the three formats
+        (auto-detected). Engine formats do not always record their target; it comes from
+        `target` (directory, .gguf or Hub id), the export's sidecar, or the speculators
+        verifier name, in that order.
+    export_draft(draft, fmt, out_dir, dtype="bfloat16", force=False, ...) -> Path
+        Validates, then writes atomically: nothing appears at `out_dir` unless all of it does.
+    detect_format(directory) -> "eagle3kit" | "sglang" | "speculators"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from eagle3kit.errors import InputError, MismatchError
+from eagle3kit.formats import common, sglang, speculators, torch_bin
+from eagle3kit.io import safetensors as st
+from eagle3kit.io.atomic import atomic_dir
+from eagle3kit.io.draft_io import Draft, is_draft_dir, load_draft, save_draft
+
+FORMATS = ("eagle3kit", "sglang", "speculators")
+_ENGINES = {"sglang": sglang, "speculators": speculators}
+
+__all__ = ["FORMATS", "detect_format", "export_draft", "load_any_draft", "read_tensors"]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"invalid JSON ({e})", path=path) from None
+    if not isinstance(d, dict):
+        raise InputError("expected a JSON object", path=path)
+    return d
+
+
+def _safetensors_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map") or {}
+        return [directory / f for f in sorted(set(weight_map.values()))]
+    return sorted(directory.glob("*.safetensors"))
+
+
+def read_tensors(directory: Path) -> dict:
+    """Every tensor of a checkpoint directory (safetensors, sharded or not, or a .bin)."""
+    files = _safetensors_files(directory)
+    if files:
+        tensors: dict = {}
+        for f in files:
+            part, _ = st.load(f)
+            tensors.update(part)
+        return tensors
+    bins = sorted(directory.glob("pytorch_model*.bin"))
+    if bins:
+        tensors = {}
+        for f in bins:
+            tensors.update(torch_bin.load(f))
+        return tensors
+    raise InputError("no weights (*.safetensors or pytorch_model.bin)", path=directory)
+
+
+def detect_format(directory: str | os.PathLike) -> str:
+    """Which draft format a directory holds; unknown or ambiguous is an `InputError`."""
+    directory = Path(directory)
+    found = []
+    if is_draft_dir(directory):
+        found.append("eagle3kit")
+    config_path = directory / "config.json"
+    config = _read_json(config_path) if config_path.is_file() else None
+    if config is not None:
+        if speculators.is_speculators(config):
+            found.append("speculators")
+        if sglang.is_sglang(config):
+            found.append("sglang")
+        if not found and any(n.startswith(sglang.LAYER) for n in _tensor_names(directory)):
+            found.append("sglang")  # midlayer tensors under a generic Llama architecture
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        seen = ", ".join(sorted(p.name for p in directory.iterdir())[:8]) or "nothing"
+        arch = f" (architectures {config.get('architectures')})" if config else ""
+        raise InputError(f"unknown draft format{arch}: expected draft_config.json (eagle3kit), "
+                         "config.json with LlamaForCausalLMEagle3 (SGLang) or "
+                         f"speculators_model_type (speculators); found {seen}", path=directory)
+    raise InputError(f"ambiguous draft format: it looks like {' and '.join(found)}; pass "
+                     "--from FORMAT", path=directory)
+
+
+def _tensor_names(directory: Path) -> list[str]:
+    names: list[str] = []
+    for f in _safetensors_files(directory):
+        names += st.SafetensorsFile(f).names
+    return names
+
+
+def _resolve_source(source: str) -> Path:
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise InputError("a draft is a directory (config.json and weights), not a file",
+                         path=path)
+    if common.is_hub_id(source):
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(source, allow_patterns=[
+                "*.json", "*.safetensors", "pytorch_model*.bin"]))
+        except Exception as e:  # network, auth, missing repo: one clear line
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise InputError(f"cannot download the draft from the Hub ({type(e).__name__}: "
+                             f"{first})", path=source) from None
+    raise InputError("no such draft: not a directory or Hub id", path=source)
+
+
+def _target(kind: str, config: dict, sidecar: dict | None, target: str | None,
+            directory: Path) -> tuple[str, dict]:
+    """(name, HF config) of the draft's target, from the most explicit source available."""
+    recorded = (sidecar or {}).get("target") or {}
+    verifier = speculators.verifier_name(config) if kind == "speculators" else ""
+    if target:
+        name, hf = common.target_config(target)
+    elif recorded.get("config"):
+        name, hf = recorded.get("name", ""), recorded["config"]
+    elif verifier:
+        name, hf = common.target_config(verifier)
+    else:
+        raise MismatchError(f"cannot determine the draft's target: {kind} checkpoints do not "
+                            "record it; pass --target MODEL (a directory, .gguf file or Hub "
+                            "id)", path=directory)
+    return recorded.get("name") or verifier or name, hf
+
+
+def load_any_draft(source: str | os.PathLike, *, target: str | None = None,
+                   target_name: str | None = None, fmt: str = "auto") -> Draft:
+    """A draft in memory (fp32 weights) from a directory or Hub id in any supported format."""
+    directory = _resolve_source(str(source))
+    kind = detect_format(directory) if fmt == "auto" else fmt
+    if kind not in FORMATS:
+        raise InputError(f"unknown format {kind!r}; choose one of {', '.join(FORMATS)}")
+    if kind == "eagle3kit":
+        draft = load_draft(directory)
+        if target:
+            name, hf = common.target_config(target)
+            draft = dataclasses.replace(draft, target_config=hf,
+                                        target_name=draft.target_name or name)
+    else:
+        config = _read_json(directory / "config.json")
+        sidecar = common.read_sidecar(directory)
+        name, hf = _target(kind, config, sidecar, target, directory)
+        cfg, weights, vocab = _ENGINES[kind].read(directory, config, read_tensors(directory), hf)
+        draft = Draft(cfg, weights, vocab, name, hf, (sidecar or {}).get("fingerprints", {}),
+                      (sidecar or {}).get("training", {}))
+    if target_name:
+        draft = dataclasses.replace(draft, target_name=target_name)
+    if draft.target_config:  # the same checks an export makes: fail here, not in the engine
+        common.check_exportable(draft, min_layer_id=0)
+    return draft
+
+
+def export_draft(draft: Draft, fmt: str, out_dir: str | os.PathLike, dtype: str = "bfloat16",
+                 force: bool = False, *, target_name: str | None = None,
+                 speculative_tokens: int = 3, source: str | None = None) -> Path:
+    """Writes `draft` to `out_dir` in `fmt`; an existing `out_dir` is replaced only with `force`.
+
+    Engine formats get `dtype` weights (d2t int64, t2d bool) and an `eagle3kit.json` sidecar
+    (provenance for `push`; engines ignore it). The eagle3kit format keeps fp32 weights.
+    """
+    out = Path(out_dir)
+    if fmt not in FORMATS:
+        raise InputError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    if out.exists() and not force:
+        raise FileExistsError(str(out))
+    dtype = common.dtype_name(dtype)
+    if target_name:
+        draft = dataclasses.replace(draft, target_name=target_name)
+    if fmt == "eagle3kit":
+        return save_draft(out, draft, force=force)
+    with atomic_dir(out, force=force) as tmp:
+        if fmt == "sglang":
+            sglang.write(tmp, draft, dtype)
+        else:
+            speculators.write(tmp, draft, dtype, speculative_tokens)
+        common.write_sidecar(tmp, draft, fmt, dtype, {
+            "speculative_tokens": speculative_tokens, "source": source or ""})
+    return out

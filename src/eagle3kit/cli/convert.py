@@ -1,0 +1,96 @@
+"""`eagle3kit convert`: a draft in, the same draft out in another format."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+
+from eagle3kit.cli._common import console, example, handle_errors
+
+EXAMPLE = """
+eagle3kit convert runs/smollm2/final --to sglang -o export/sglang \\
+  --target-name HuggingFaceTB/SmolLM2-135M-Instruct
+eagle3kit convert runs/smollm2/final --to speculators -o export/vllm \\
+  --target-name HuggingFaceTB/SmolLM2-135M-Instruct
+eagle3kit convert ORG/Llama-3.1-8B-Eagle3 --to eagle3kit -o imported \\
+  --target meta-llama/Llama-3.1-8B-Instruct
+"""
+
+FORMATS = ("sglang", "speculators", "eagle3kit")
+
+
+class _ConsoleHandler(logging.Handler):
+    """Library warnings (eagle3kit.formats) as yellow lines on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        console.print(f"[yellow]warning:[/yellow] {record.getMessage()}", soft_wrap=True)
+
+
+def route_warnings() -> None:
+    """Shows eagle3kit's library warnings on the stderr console, once per process."""
+    logger = logging.getLogger("eagle3kit")
+    if not any(isinstance(h, _ConsoleHandler) for h in logger.handlers):
+        logger.addHandler(_ConsoleHandler(logging.WARNING))
+        logger.propagate = False
+
+
+def _check_choice(value: str, choices: tuple[str, ...], hint: str) -> str:
+    if value not in choices:
+        raise typer.BadParameter(f"{value!r}; choose one of {', '.join(choices)}",
+                                 param_hint=hint)
+    return value
+
+
+@handle_errors
+def convert(
+    source: str = typer.Argument(..., help="Draft directory or Hub id (eagle3kit, SGLang or "
+                                 "speculators format, detected automatically)."),
+    to: str = typer.Option(..., "--to", help="Output format: sglang, speculators or eagle3kit."),
+    out: Path = typer.Option(..., "-o", "--out", help="Output directory (must not exist)."),
+    dtype: str = typer.Option("bfloat16", help="Weights of engine formats: bfloat16, float16 "
+                              "or float32 (eagle3kit format always keeps float32)."),
+    target: str | None = typer.Option(None, help="The target model (directory, .gguf or Hub "
+                                      "id), when the source does not record it (SGLang "
+                                      "drafts never do)."),
+    target_name: str | None = typer.Option(None, help="Hub id of the target to record (the "
+                                           "verifier vLLM loads, the card's base_model), e.g. "
+                                           "when training used a local copy."),
+    speculative_tokens: int = typer.Option(3, min=1, help="Draft tokens per step recorded in "
+                                           "the speculators config (vLLM's default)."),
+    source_format: str = typer.Option("auto", "--from", help="Source format when detection "
+                                      "is ambiguous: eagle3kit, sglang or speculators."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+) -> None:
+    """Convert a draft between eagle3kit, SGLang and speculators (vLLM) formats.
+
+    Engine exports are checked before anything is written: capture layers
+    that fit the target, vocab sizes that agree, d2t present and valid,
+    finite weights. They carry every config field the engines read
+    (max_position_embeddings and rope from the target, capture layers in
+    each engine's own convention) and an eagle3kit.json sidecar that `push`
+    turns into the model card. The output appears complete or not at all.
+    Imports take a directory or Hub id in any format (auto-detected).
+    """
+    from eagle3kit.formats import common, export_draft, load_any_draft
+
+    route_warnings()
+    _check_choice(to, FORMATS, "--to")
+    _check_choice(source_format, ("auto", *FORMATS), "--from")
+    dtype = common.dtype_name(dtype)
+    if out.exists() and not force:
+        raise FileExistsError(str(out))
+    draft = load_any_draft(source, target=target, target_name=target_name, fmt=source_format)
+    cfg = draft.config
+    console.print(f"read {source}: draft for [bold]{draft.target_name or '?'}[/bold], "
+                  f"hidden {cfg.hidden_size}, draft vocab {cfg.draft_vocab_size:,}/"
+                  f"{cfg.vocab_size:,}, layers {list(cfg.aux_layer_ids)}")
+    path = export_draft(draft, to, out, dtype=dtype, force=force,
+                        speculative_tokens=speculative_tokens, source=source)
+    size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    what = "float32" if to == "eagle3kit" else dtype
+    console.print(f"wrote {path} ({to} format, {what}, {size / 1e6:.1f} MB)")
+
+
+convert.__doc__ = (convert.__doc__ or "") + example(EXAMPLE)

@@ -1,0 +1,377 @@
+"""What the SGLang and speculators formats share: the key table, the Llama decoder fields, the
+target lookup, the provenance sidecar and the checks made before anything is written.
+
+Both engines load the same thirteen trainable tensors in the Hugging Face layout (linear
+weights [out, in]) plus `d2t` (int64 offsets [Vd]) and `t2d` (bool [V]); only the prefix of the
+decoder layer differs (`midlayer.` for SGLang/EAGLE/SpecForge, `layers.0.` for speculators).
+eagle3kit stores linear weights (in, out) with heads split out (core/draft.py); a `Key` says
+how many leading axes of the eagle3kit array are the linear's input, which is all the layout
+conversion needs: HF = reshape(prod(in), prod(out)).T.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from eagle3kit import __version__
+from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.vocab import VocabMap
+from eagle3kit.errors import InputError, MismatchError
+from eagle3kit.io.draft_io import Draft
+
+log = logging.getLogger("eagle3kit.formats")
+
+# The file engines ignore that carries what `push` needs for the model card and what an
+# import needs to rebuild the eagle3kit draft exactly (target config, training record).
+SIDECAR = "eagle3kit.json"
+SIDECAR_FORMAT = "eagle3kit-export"
+WEIGHTS = "model.safetensors"
+
+DTYPES: dict[str, np.dtype] = {
+    "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
+    "float32": np.dtype(np.float32),
+}
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
+                  "float": "float32"}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def dtype_name(name: str) -> str:
+    """Canonical dtype name (`bf16` -> `bfloat16`); an unknown name is a `UserError`."""
+    canon = _DTYPE_ALIASES.get(name, name)
+    if canon not in DTYPES:
+        raise InputError(f"unknown --dtype {name!r}; choose bfloat16, float16 or float32")
+    return canon
+
+
+def is_hub_id(spec: str) -> bool:
+    return bool(_HUB_ID.match(spec)) and not Path(spec).exists()
+
+
+# ---- the key table ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    name: str  # tensor name in the engine's safetensors
+    field: str  # DraftWeights field
+    n_in: int  # leading eagle3kit axes that are the linear's input; 0 for a vector
+
+
+def key_table(layer: str) -> tuple[Key, ...]:
+    """The tensors of one format, in the order engines write them; `layer` is the prefix of
+    the decoder layer (`midlayer.` or `layers.0.`)."""
+    attn, mlp = f"{layer}self_attn.", f"{layer}mlp."
+    return (
+        Key("fc.weight", "fc", 1),
+        Key(f"{layer}hidden_norm.weight", "hidden_norm", 0),
+        Key(f"{layer}input_layernorm.weight", "input_norm", 0),
+        Key(f"{attn}q_proj.weight", "q", 1),
+        Key(f"{attn}k_proj.weight", "k", 1),
+        Key(f"{attn}v_proj.weight", "v", 1),
+        Key(f"{attn}o_proj.weight", "o", 2),
+        Key(f"{layer}post_attention_layernorm.weight", "post_attn_norm", 0),
+        Key(f"{mlp}gate_proj.weight", "gate", 1),
+        Key(f"{mlp}up_proj.weight", "up", 1),
+        Key(f"{mlp}down_proj.weight", "down", 1),
+        Key("norm.weight", "final_norm", 0),
+        Key("lm_head.weight", "lm_head", 1),
+    )
+
+
+def hf_shape(shape: tuple[int, ...], key: Key) -> tuple[int, ...]:
+    """eagle3kit shape (in..., out...) -> HF shape [out, in]."""
+    if key.n_in == 0:
+        return shape
+    return (math.prod(shape[key.n_in:]), math.prod(shape[: key.n_in]))
+
+
+def to_tensors(draft: Draft, table: tuple[Key, ...], dtype: str) -> dict[str, np.ndarray]:
+    """Every engine tensor of `draft`, cast to `dtype`; `d2t` int64 and `t2d` bool as they are."""
+    np_dtype = DTYPES[dtype_name(dtype)]
+    out: dict[str, np.ndarray] = {}
+    for key in table:
+        w = np.asarray(getattr(draft.weights, key.field), np.float32)
+        if key.n_in:
+            w = w.reshape(math.prod(w.shape[: key.n_in]), -1).T
+        out[key.name] = np.ascontiguousarray(w).astype(np_dtype)
+    out["d2t"] = np.ascontiguousarray(draft.vocab.d2t, np.int64)
+    out["t2d"] = np.ascontiguousarray(draft.vocab.t2d, np.bool_)
+    return out
+
+
+def from_tensors(tensors: dict[str, np.ndarray], table: tuple[Key, ...], cfg: DraftConfig,
+                 where: object) -> tuple[DraftWeights, VocabMap]:
+    """Engine tensors -> fp32 DraftWeights and the vocab map, checking every shape and name."""
+    abstract = DraftWeights.abstract(cfg)
+    values = {}
+    for key in table:
+        shape = getattr(abstract, key.field).shape
+        if key.name not in tensors:
+            raise InputError(f"missing tensor {key.name!r}", path=where)
+        w = tensors[key.name]
+        if tuple(w.shape) != hf_shape(shape, key):
+            raise InputError(f"tensor {key.name!r} has shape {tuple(w.shape)}, the config says "
+                             f"{hf_shape(shape, key)}", path=where)
+        w = np.asarray(w, np.float32)
+        values[key.field] = np.ascontiguousarray(w.T).reshape(shape) if key.n_in else w.copy()
+    if "d2t" not in tensors:
+        if cfg.draft_vocab_size != cfg.vocab_size:
+            # speculators and vLLM would silently assume the identity here: acceptance collapses
+            raise InputError(f"missing tensor 'd2t' but the draft vocab ({cfg.draft_vocab_size})"
+                             f" is smaller than the target vocab ({cfg.vocab_size})", path=where)
+        vocab = VocabMap.identity(cfg.vocab_size)
+    else:
+        d2t = np.asarray(tensors["d2t"])
+        if d2t.dtype.kind not in "iu":
+            raise InputError(f"d2t has dtype {d2t.dtype}; it must hold integer offsets",
+                             path=where)
+        if "t2d" in tensors:
+            t2d = np.asarray(tensors["t2d"]).astype(np.bool_)
+        else:  # EAGLE's own checkpoints sometimes ship only d2t
+            t2d = np.zeros(cfg.vocab_size, np.bool_)
+            ids = np.arange(len(d2t)) + d2t
+            t2d[ids[(ids >= 0) & (ids < cfg.vocab_size)]] = True
+        if (len(d2t), len(t2d)) != (cfg.draft_vocab_size, cfg.vocab_size):
+            raise InputError(f"d2t/t2d have lengths {len(d2t)}/{len(t2d)}, the config says "
+                             f"{cfg.draft_vocab_size}/{cfg.vocab_size}", path=where)
+        try:
+            vocab = VocabMap(d2t.astype(np.int64), t2d)
+        except InputError as e:
+            raise InputError(str(e), path=where) from None
+    return DraftWeights(**values), vocab
+
+
+def read_weights(tensors: dict[str, np.ndarray], table: tuple[Key, ...], ignored: tuple[str, ...],
+                 cfg: DraftConfig, where: object) -> tuple[DraftWeights, VocabMap]:
+    """`from_tensors` after refusing tensors that belong to no parameter (an engine would
+    silently skip them or fail) and dropping the ones eagle3kit never needs."""
+    extra = sorted(set(tensors) - {k.name for k in table} - {"d2t", "t2d", *ignored})
+    if extra:
+        raise InputError(f"{len(extra)} tensors do not belong to an EAGLE3 draft in this "
+                         f"format, e.g. {extra[0]!r}", path=where)
+    if "embed_tokens.weight" in tensors:
+        log.warning("ignoring embed_tokens.weight: eagle3kit embeds tokens with the target's "
+                    "own embedding, as SGLang does (vLLM would have used this copy)")
+    return from_tensors(tensors, table, cfg, where)
+
+
+def fc_width(config_dict: dict[str, Any], tensors: dict[str, np.ndarray],
+             n_aux: int) -> int | None:
+    """The target hidden size fc reads: the config's, else fc.weight's width / n_aux."""
+    fc = tensors.get("fc.weight")
+    return config_dict.get("target_hidden_size") or (
+        fc.shape[1] // n_aux if fc is not None else None)
+
+
+# ---- the Llama decoder fields -------------------------------------------------------------
+
+
+def rope_fields(cfg: DraftConfig) -> dict[str, Any]:
+    """`rope_theta`/`rope_scaling` (transformers 4.x, SGLang, older vLLM) and the equivalent
+    `rope_parameters` (transformers 5.x, newer vLLM): every reader finds the same rope."""
+    fields = cfg.rope.to_hf()
+    fields["rope_parameters"] = {"rope_type": cfg.rope.kind, "rope_theta": cfg.rope.theta,
+                                 **(fields["rope_scaling"] or {})}
+    return fields
+
+
+def llama_fields(draft: Draft, target: TargetConfig, dtype: str) -> dict[str, Any]:
+    """The one-layer Llama decoder both engines build, every field written explicitly."""
+    cfg = draft.config
+    fields: dict[str, Any] = {
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "vocab_size": cfg.vocab_size,
+        # the target's: a draft config saying 2048 degrades long contexts (SpecForge#271)
+        "max_position_embeddings": target.max_position_embeddings,
+        **rope_fields(cfg),
+        "attention_bias": False,
+        "mlp_bias": False,
+        # SGLang makes lm_head the embedding when this is true
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "dtype": dtype,
+    }
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if draft.target_config.get(k) is not None:
+            fields[k] = draft.target_config[k]
+    return fields
+
+
+def read_llama_fields(d: dict[str, Any], where: object, *, vocab_size: int | None = None,
+                      draft_vocab_size: int | None = None, target_hidden_size: int | None = None,
+                      aux_layer_ids: tuple[int, ...], norm_before_residual: bool) -> DraftConfig:
+    """DraftConfig from an engine's Llama fields; refuses what the eagle3kit head can't run."""
+    from eagle3kit.core.config import RopeConfig
+
+    if int(d.get("num_hidden_layers", 1)) != 1:
+        raise InputError(f"num_hidden_layers={d['num_hidden_layers']}: only one-layer EAGLE3 "
+                         "drafts are supported", path=where)
+    for flag in ("attention_bias", "mlp_bias", "bias"):
+        if d.get(flag):
+            raise InputError(f"{flag}: true is not supported (the draft head has no biases)",
+                             path=where)
+    if d.get("hidden_act", "silu") != "silu":
+        raise InputError(f"hidden_act={d['hidden_act']!r} is not supported (silu only)",
+                         path=where)
+    try:
+        hidden, heads = int(d["hidden_size"]), int(d["num_attention_heads"])
+        vocab = int(vocab_size if vocab_size is not None else d["vocab_size"])
+        return DraftConfig(
+            hidden_size=hidden,
+            intermediate_size=int(d["intermediate_size"]),
+            num_heads=heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or hidden // heads),
+            vocab_size=vocab,
+            draft_vocab_size=int(draft_vocab_size or d.get("draft_vocab_size") or vocab),
+            target_hidden_size=int(target_hidden_size or hidden),
+            aux_layer_ids=tuple(aux_layer_ids),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope=RopeConfig.from_hf(d, where),
+            max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
+            norm_before_residual=norm_before_residual,
+        )
+    except KeyError as e:
+        raise InputError(f"config is missing the field {e.args[0]!r}", path=where) from None
+
+
+# ---- the target ---------------------------------------------------------------------------
+
+
+def target_config(spec: str) -> tuple[str, dict[str, Any]]:
+    """(name, HF config) of a target given as a directory, a `.gguf` file or a Hub id.
+
+    Only `config.json` is fetched from the Hub, never the weights.
+    """
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        try:
+            return spec, json.loads((path / "config.json").read_text())
+        except FileNotFoundError:
+            raise InputError("no config.json in the target directory", path=path) from None
+        except json.JSONDecodeError as e:
+            raise InputError(f"invalid JSON ({e})", path=path / "config.json") from None
+    if path.is_file() and path.suffix == ".gguf":
+        from eagle3kit.io.gguf import GGUFCheckpoint
+
+        return spec, GGUFCheckpoint(path).config
+    if is_hub_id(spec):
+        from huggingface_hub import hf_hub_download
+
+        try:
+            return spec, json.loads(Path(hf_hub_download(spec, "config.json")).read_text())
+        except Exception as e:  # offline, gated, missing: one line, and what to do instead
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise InputError(f"cannot fetch the target's config.json from the Hub "
+                             f"({type(e).__name__}: {first}); pass --target with a local "
+                             "directory or .gguf file", path=spec) from None
+    raise InputError("no such target: not a directory, .gguf file or Hub id", path=spec)
+
+
+def default_aux_ids(target: dict[str, Any], where: object) -> tuple[int, ...]:
+    try:
+        return TargetConfig.from_hf_config(target, source=where).default_aux_layer_ids()
+    except InputError as e:
+        raise InputError(f"cannot read the target config ({e})", path=where) from None
+
+
+# ---- the sidecar ----------------------------------------------------------------------------
+
+
+def write_sidecar(directory: Path, draft: Draft, engine_format: str, dtype: str,
+                  extra: dict[str, Any]) -> None:
+    meta = {
+        "format": SIDECAR_FORMAT, "version": 1, "engine_format": engine_format,
+        "dtype": dtype, "eagle3kit_version": __version__, "draft": draft.config.to_dict(),
+        "target": {"name": draft.target_name, "config": draft.target_config},
+        "fingerprints": draft.fingerprints, "training": draft.training, **extra,
+    }
+    (directory / SIDECAR).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+
+def read_sidecar(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The export's provenance, or None when the directory was not written by eagle3kit."""
+    p = Path(directory) / SIDECAR
+    if not p.is_file():
+        return None
+    try:
+        meta = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"invalid JSON ({e})", path=p) from None
+    if meta.get("format") != SIDECAR_FORMAT:
+        raise InputError(f"unknown format {meta.get('format')!r}", path=p)
+    return meta
+
+
+# ---- checks before writing ----------------------------------------------------------------
+
+
+def check_exportable(draft: Draft, min_layer_id: int) -> TargetConfig:
+    """Everything an engine would check, and what it would load but run wrong.
+
+    `min_layer_id` is the smallest HF hidden_states index the engine can capture (SGLang: 1,
+    since its ids are "output of layer id"; vLLM: 0). Returns the target's config.
+    """
+    cfg = draft.config
+    if not draft.target_config:
+        raise MismatchError("the draft's target cannot be determined (no target config "
+                            "recorded); pass --target MODEL")
+    try:
+        target = TargetConfig.from_hf_config(draft.target_config, name=draft.target_name)
+    except InputError as e:
+        raise MismatchError(f"the recorded target config is unusable: {e}") from None
+    n = target.num_layers
+    if len(cfg.aux_layer_ids) != 3:
+        raise MismatchError(f"the draft reads {len(cfg.aux_layer_ids)} target layers; SGLang "
+                            "and vLLM feed exactly 3 to an EAGLE3 head")
+    bad = [i for i in cfg.aux_layer_ids if not min_layer_id <= i < n]
+    if bad:
+        raise MismatchError(f"aux layer ids {list(cfg.aux_layer_ids)} (HF hidden_states "
+                            f"indices) do not fit the {n}-layer target {target.name!r}: "
+                            f"{bad} outside {min_layer_id}..{n - 1}")
+    if cfg.vocab_size != target.vocab_size or draft.vocab.target_size != target.vocab_size:
+        raise MismatchError(f"vocab sizes disagree: draft config {cfg.vocab_size}, t2d "
+                            f"{draft.vocab.target_size}, target {target.vocab_size}")
+    if draft.vocab.draft_size != cfg.draft_vocab_size:
+        raise MismatchError(f"d2t has {draft.vocab.draft_size} entries but the draft vocab is "
+                            f"{cfg.draft_vocab_size}")
+    if cfg.target_hidden_size != target.hidden_size:
+        raise MismatchError(f"fc reads 3 x {cfg.target_hidden_size} but the target's hidden "
+                            f"size is {target.hidden_size}")
+    if cfg.hidden_size != target.hidden_size:
+        # the engines embed tokens with the target's embedding, width hidden_size
+        raise MismatchError(f"draft hidden size {cfg.hidden_size} differs from the target's "
+                            f"{target.hidden_size}; the target's embeddings would not fit")
+    abstract = DraftWeights.abstract(cfg)
+    for f in dataclasses.fields(DraftWeights):
+        w = np.asarray(getattr(draft.weights, f.name))
+        if w.shape != getattr(abstract, f.name).shape:
+            raise MismatchError(f"weight {f.name} has shape {w.shape}, the config says "
+                                f"{getattr(abstract, f.name).shape}")
+        if not np.isfinite(w).all():
+            raise MismatchError(f"weight {f.name} has non-finite values; refusing to export a "
+                                "draft that would produce NaN logits")
+    if cfg.rope != target.rope:
+        log.warning("the draft's rope (%s) differs from the target's (%s); writing the draft's "
+                    "own, which is what it was trained with", cfg.rope, target.rope)
+    return target

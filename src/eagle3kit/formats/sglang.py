@@ -1,0 +1,130 @@
+"""The SGLang / EAGLE / SpecForge ("midlayer") format, as SGLang's `llama_eagle3.py` loads it.
+
+    config.json        LlamaForCausalLMEagle3: a one-layer Llama config plus draft_vocab_size,
+                       target_hidden_size and, only for non-default capture layers,
+                       eagle_config.eagle_aux_hidden_state_layer_ids in SGLang's convention
+    model.safetensors  fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t, t2d
+                       (never embed_tokens: SGLang and vLLM use the target's embedding)
+
+SGLang layer ids mean "the output of layer id", i.e. HF hidden_states index - 1; eagle3kit
+ids are hidden_states indices. With the default layers the field is omitted, so every reader
+(SGLang, vLLM, sglang-jax, forks that read the field in either convention) captures the same.
+SGLang's midlayer always adds the un-normed fused state as the residual, so drafts with
+`norm_before_residual` cannot be expressed here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from eagle3kit.core.config import TargetConfig
+from eagle3kit.errors import InputError, MismatchError
+from eagle3kit.formats import common
+from eagle3kit.io import safetensors as st
+from eagle3kit.io.draft_io import Draft
+
+LAYER = "midlayer."
+KEY_TABLE = common.key_table(LAYER)
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+# names other tools give the same architecture
+ARCHITECTURES = {ARCHITECTURE, "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle"}
+# tensors found in published midlayer checkpoints that carry nothing eagle3kit needs
+IGNORED = ("embed_tokens.weight",)
+
+
+def to_sglang_ids(hf_ids: tuple[int, ...]) -> list[int]:
+    return [i - 1 for i in hf_ids]
+
+
+def from_sglang_ids(ids: list[int]) -> tuple[int, ...]:
+    return tuple(int(i) + 1 for i in ids)
+
+
+def config(draft: Draft, target: TargetConfig, dtype: str) -> dict[str, Any]:
+    """config.json exactly as SGLang (and vLLM's midlayer path) read it."""
+    cfg = draft.config
+    fields: dict[str, Any] = {
+        "architectures": [ARCHITECTURE],
+        **common.llama_fields(draft, target, dtype),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        # SGLang ignores it; vLLM reads it for this format too (default False)
+        "norm_before_residual": False,
+    }
+    if cfg.aux_layer_ids != target.default_aux_layer_ids():
+        fields["eagle_config"] = {
+            "eagle_aux_hidden_state_layer_ids": to_sglang_ids(cfg.aux_layer_ids),
+            "use_aux_hidden_state": True,
+        }
+    return fields
+
+
+def write(directory: Path, draft: Draft, dtype: str) -> dict[str, Any]:
+    """Writes config.json and model.safetensors into `directory`; returns the config."""
+    target = common.check_exportable(draft, min_layer_id=1)
+    if draft.config.norm_before_residual:
+        raise MismatchError("this draft uses norm_before_residual (residual = normed hidden), "
+                            "which SGLang's midlayer cannot express; export it with "
+                            "--to speculators and serve it with vLLM")
+    fields = config(draft, target, dtype)
+    if "eagle_config" in fields:
+        common.log.warning(
+            "non-default capture layers %s: written as eagle_config ids %s (SGLang's "
+            "convention); serve this export with SGLang and use --to speculators for vLLM",
+            list(draft.config.aux_layer_ids), fields["eagle_config"][
+                "eagle_aux_hidden_state_layer_ids"])
+    st.save(directory / common.WEIGHTS, common.to_tensors(draft, KEY_TABLE, dtype),
+            {"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
+    return fields
+
+
+def is_sglang(config_dict: dict[str, Any]) -> bool:
+    return bool(ARCHITECTURES & set(config_dict.get("architectures") or ()))
+
+
+def aux_layer_ids(config_dict: dict[str, Any], target: dict[str, Any],
+                  where: object) -> tuple[int, ...]:
+    """HF hidden_states indices from a midlayer config, whichever convention it used."""
+    eagle = config_dict.get("eagle_config") or {}
+    sglang_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    hf_ids = config_dict.get("eagle_aux_hidden_state_layer_ids")
+    if sglang_ids and hf_ids and from_sglang_ids(sglang_ids) != tuple(hf_ids):
+        raise InputError(f"ambiguous capture layers: eagle_config says {sglang_ids} (SGLang, "
+                         f"output of layer) but eagle_aux_hidden_state_layer_ids says {hf_ids} "
+                         "(vLLM, input of layer)", path=where)
+    if eagle.get("use_aux_hidden_state") is False:
+        raise InputError("use_aux_hidden_state: false (an EAGLE1-style head reading one "
+                         "state) is not an EAGLE3 draft", path=where)
+    if sglang_ids:
+        return from_sglang_ids(sglang_ids)
+    if hf_ids:
+        return tuple(int(i) for i in hf_ids)
+    return common.default_aux_ids(target, where)
+
+
+def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
+         target: dict[str, Any]):
+    """(DraftConfig, DraftWeights, VocabMap) of a midlayer checkpoint for `target`."""
+    where = directory / "config.json"
+    if config_dict.get("tie_word_embeddings"):
+        raise InputError("tie_word_embeddings: true makes SGLang use the embedding as the "
+                         "head; this checkpoint is not a standard EAGLE3 draft", path=where)
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+        if config_dict.get(flag) or (config_dict.get("eagle_config") or {}).get(flag):
+            raise InputError(f"{flag}: true is not supported by eagle3kit's draft head",
+                             path=where)
+    lm_head = tensors.get("lm_head.weight")
+    if lm_head is None:
+        raise InputError("missing tensor 'lm_head.weight' (a head that borrows the target's "
+                         "lm_head is not supported)", path=directory)
+    ids = aux_layer_ids(config_dict, target, where)
+    cfg = common.read_llama_fields(
+        config_dict, where, draft_vocab_size=config_dict.get("draft_vocab_size")
+        or lm_head.shape[0], target_hidden_size=common.fc_width(config_dict, tensors, len(ids)),
+        aux_layer_ids=ids,
+        norm_before_residual=bool(config_dict.get("norm_before_residual", False)))
+    weights, vocab = common.read_weights(tensors, KEY_TABLE, IGNORED, cfg, directory)
+    return cfg, weights, vocab

@@ -1,0 +1,125 @@
+"""The speculators format, as vLLM (`configs/speculators/algos.py`, `llama_eagle3.py`) and the
+speculators library load it.
+
+    config.json        speculators_model_type "eagle3": transformer_layer_config (a full
+                       one-layer Llama config, vocab_size = target vocab), draft_vocab_size,
+                       norm_before_residual, target_hidden_size, eagle_aux_hidden_state_layer_ids
+                       (HF hidden_states indices, the convention eagle3kit uses), and
+                       speculators_config (greedy proposal, verifier name and architectures)
+    model.safetensors  fc.weight, layers.0.*, norm.weight, lm_head.weight, d2t, t2d
+
+Every field vLLM or speculators would otherwise default is written: vLLM assumes
+`norm_before_residual: true` when the key is missing (EAGLE3 and SGLang mean false), and
+speculators reads a `transformer_layer_config` without `model_type` as Qwen3. The capture
+layers are always written: the speculators library otherwise resolves them by fetching the
+verifier's config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from eagle3kit.core.config import TargetConfig
+from eagle3kit.errors import InputError, MismatchError
+from eagle3kit.formats import common
+from eagle3kit.io import safetensors as st
+from eagle3kit.io.draft_io import Draft
+
+LAYER = "layers.0."
+KEY_TABLE = common.key_table(LAYER)
+ARCHITECTURE = "Eagle3Speculator"
+MODEL_TYPE = "eagle3"
+# present in checkpoints written by the speculators library; eagle3kit never needs them
+IGNORED = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight")
+
+
+def config(draft: Draft, target: TargetConfig, dtype: str,
+           speculative_tokens: int) -> dict[str, Any]:
+    """config.json exactly as vLLM's speculators path reads it."""
+    cfg = draft.config
+    if not draft.target_name:
+        raise MismatchError("the speculators format names the verifier (target) model; pass "
+                            "--target-name ORG/MODEL")
+    if speculative_tokens < 1:
+        raise InputError(f"--speculative-tokens must be >= 1 (got {speculative_tokens})")
+    return {
+        "architectures": [ARCHITECTURE],
+        "speculators_model_type": MODEL_TYPE,
+        "transformer_layer_config": common.llama_fields(draft, target, dtype),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "norm_before_residual": cfg.norm_before_residual,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "embed_requires_grad": False,
+        "target_hidden_size": cfg.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+        "tie_word_embeddings": False,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy",
+                                  "speculative_tokens": speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": draft.target_name,
+                         "architectures": list(target.architectures)},
+        },
+        "torch_dtype": dtype,
+        "dtype": dtype,
+    }
+
+
+def write(directory: Path, draft: Draft, dtype: str, speculative_tokens: int) -> dict[str, Any]:
+    """Writes config.json and model.safetensors into `directory`; returns the config."""
+    target = common.check_exportable(draft, min_layer_id=0)
+    fields = config(draft, target, dtype, speculative_tokens)
+    if not common.is_hub_id(draft.target_name):
+        common.log.warning("the verifier is recorded as %r, not a Hub id: `vllm serve DIR` "
+                           "will look for it there (pass --target-name ORG/MODEL to record the "
+                           "Hub id)", draft.target_name)
+    st.save(directory / common.WEIGHTS, common.to_tensors(draft, KEY_TABLE, dtype),
+            {"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
+    return fields
+
+
+def is_speculators(config_dict: dict[str, Any]) -> bool:
+    return "speculators_model_type" in config_dict
+
+
+def verifier_name(config_dict: dict[str, Any]) -> str:
+    verifier = (config_dict.get("speculators_config") or {}).get("verifier") or {}
+    return str(verifier.get("name_or_path") or "")
+
+
+def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
+         target: dict[str, Any]):
+    """(DraftConfig, DraftWeights, VocabMap) of a speculators checkpoint for `target`."""
+    where = directory / "config.json"
+    kind = config_dict.get("speculators_model_type")
+    if kind != MODEL_TYPE:
+        raise InputError(f"speculators_model_type {kind!r} is not an EAGLE3 draft", path=where)
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+        if config_dict.get(flag):
+            raise InputError(f"{flag}: true is not supported by eagle3kit's draft head",
+                             path=where)
+    layer = config_dict.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise InputError("transformer_layer_config is missing or not an object", path=where)
+    if any(k.startswith(f"{LAYER}self_attn.q_norm") for k in tensors):
+        raise InputError("the draft layer has q/k norms (a Qwen3 decoder); only the Llama "
+                         "decoder that vLLM runs is supported", path=where)
+    if layer.get("model_type") not in (None, "llama"):
+        common.log.warning("transformer_layer_config.model_type is %r; reading it as the "
+                           "Llama decoder vLLM builds", layer.get("model_type"))
+    ids = config_dict.get("eagle_aux_hidden_state_layer_ids")
+    ids = tuple(int(i) for i in ids) if ids else common.default_aux_ids(target, where)
+    cfg = common.read_llama_fields(
+        layer, where, draft_vocab_size=config_dict.get("draft_vocab_size"),
+        target_hidden_size=common.fc_width(config_dict, tensors, len(ids)), aux_layer_ids=ids,
+        # vLLM's reading when the key is absent
+        norm_before_residual=bool(config_dict.get("norm_before_residual", True)))
+    weights, vocab = common.read_weights(tensors, KEY_TABLE, IGNORED, cfg, directory)
+    return cfg, weights, vocab

@@ -1,0 +1,278 @@
+"""The sections of the model card, one function each, from `card.CardInputs`.
+
+Tables show what the export recorded and skip what it did not: a training run fills
+`Draft.training` with keys such as epochs, lr, batch_size, seq_len, grad_accum, ttt_length,
+warmup_ratio, dtype, mesh, devices, device_kind, steps, wall_time_s, data_records,
+data_tokens; an imported draft may have none of them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eagle3kit import __version__
+
+if TYPE_CHECKING:
+    from eagle3kit.hub.card import CardInputs, EvalResult
+
+# Training keys shown in a row of their own or folded into one; other keys render as-is,
+# except the run's bookkeeping (local paths, logging and checkpoint cadence), which says
+# nothing about the draft.
+_FOLDED = {"epochs", "lr", "batch_size", "seq_len", "grad_accum", "ttt_length", "warmup_ratio",
+           "dtype", "mesh", "devices", "device_kind", "steps", "wall_time_s", "data_records",
+           "data_tokens", "data", "optimizer", "schedule", "b1", "b2", "weight_decay",
+           "clip_norm", "min_lr_ratio", "decay", "target_dtype", "eval_data", "init_from"}
+_OPERATIONAL = {"out", "vocab", "target", "resume", "save_every", "keep_checkpoints",
+                "log_every", "eval_every", "attention", "max_steps", "aux_layer_ids",
+                "coordinator", "num_processes", "process_id"}
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _num(x: Any) -> str:
+    if isinstance(x, bool):
+        return str(x).lower()
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return f"{x:g}"
+    if isinstance(x, str):
+        return x
+    return json.dumps(x, separators=(", ", ": "))
+
+
+def _count(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def usage(c: CardInputs) -> str:
+    n, repo, target = c.speculative_tokens, c.repo_id, c.target_name
+    out = ["## Usage\n"]
+    if c.engine_format == "sglang":
+        out.append(
+            "### SGLang\n\n```bash\npython -m sglang.launch_server \\\n"
+            f"    --model-path {target} \\\n    --speculative-algorithm EAGLE3 \\\n"
+            f"    --speculative-draft-model-path {repo} \\\n"
+            f"    --speculative-num-steps {n} \\\n    --speculative-eagle-topk 1 \\\n"
+            f"    --speculative-num-draft-tokens {n + 1} \\\n    --dtype {c.serve_dtype}\n```\n\n"
+            f"This is chain drafting ({n} tokens per step). For tree drafting raise "
+            "`--speculative-eagle-topk` and `--speculative-num-draft-tokens` together.\n")
+    default_layers = c.draft.aux_layer_ids == c.target.default_aux_layer_ids()
+    if c.engine_format == "speculators" or default_layers:
+        out.append(
+            "### vLLM\n\n```bash\n"
+            f"vllm serve {target} \\\n    --speculative-config '{{\"method\": \"eagle3\", "
+            f"\"model\": \"{repo}\", \"num_speculative_tokens\": {n}}}'\n```\n")
+        if c.engine_format == "speculators":
+            out.append("The short form `vllm serve " + repo + "` also works: the config names "
+                       "the verifier and the number of speculative tokens.\n")
+    else:
+        out.append("### vLLM\n\nThis SGLang-format export reads non-default target layers, "
+                   "recorded in SGLang's convention, which vLLM does not read. Use the "
+                   "speculators export of the same draft with vLLM (`eagle3kit convert ... "
+                   "--to speculators`).\n")
+    return "\n".join(out)
+
+
+def _present(t: dict[str, Any], *keys: str) -> bool:
+    return all(t.get(k) is not None for k in keys)
+
+
+def _training_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+
+    def add(label: str, value: str | None) -> None:
+        if value:
+            rows.append((label, value))
+
+    if _present(t, "devices") or _present(t, "device_kind"):
+        hw = f"{t.get('devices', '?')} x {t.get('device_kind', 'device')}"
+        add("Hardware", hw + (f" (mesh {_num(t['mesh'])})" if t.get("mesh") else ""))
+    data = [Path(str(t["data"])).name] if _present(t, "data") else []
+    data += [f"{_num(t[k])} {label}" for k, label in (("data_records", "conversations"),
+                                                      ("data_tokens", "tokens"))
+             if _present(t, k)]
+    add("Training data", ", ".join(data))
+    if _present(t, "eval_data"):
+        add("Held-out data", Path(str(t["eval_data"])).name)
+    if _present(t, "init_from"):
+        add("Initialised from", _num(t["init_from"]))
+    add("Epochs", _num(t["epochs"]) if _present(t, "epochs") else None)
+    add("Optimizer steps", _num(t["steps"]) if _present(t, "steps") else None)
+    opt = [_num(t.get("optimizer") or "AdamW")] if _present(t, "b1", "b2") else (
+        [_num(t["optimizer"])] if _present(t, "optimizer") else [])
+    if opt and _present(t, "b1", "b2"):
+        opt[0] += f" (betas {t['b1']:g}, {t['b2']:g})"
+    opt += [f"weight decay {t['weight_decay']:g}"] if _present(t, "weight_decay") else []
+    opt += [f"gradient clip {t['clip_norm']:g}"] if _present(t, "clip_norm") else []
+    add("Optimizer", ", ".join(opt))
+    lr = [f"{t['lr']:g} peak"] if _present(t, "lr") else []
+    lr += [_num(t["schedule"])] if _present(t, "schedule") else []
+    lr += [f"{_pct(float(t['warmup_ratio']))} warmup"] if _present(t, "warmup_ratio") else []
+    lr += [f"final {t['min_lr_ratio']:g} x peak"] if _present(t, "min_lr_ratio") else []
+    add("Learning rate", ", ".join(lr))
+    batch = [f"B={t['batch_size']}"] if _present(t, "batch_size") else []
+    batch += [f"sequence length T={t['seq_len']}"] if _present(t, "seq_len") else []
+    batch += [f"gradient accumulation {t['grad_accum']}"] if _present(t, "grad_accum") else []
+    add("Batch", ", ".join(batch))
+    if _present(t, "ttt_length"):
+        weights = f", loss weight {t['decay']:g}^k" if _present(t, "decay") else ""
+        add("TTT length", f"{t['ttt_length']} steps (training-time test{weights})")
+    precision = [f"draft {t['dtype']} (fp32 master weights)"] if _present(t, "dtype") else []
+    precision += [f"target {t['target_dtype']}"] if _present(t, "target_dtype") else []
+    add("Precision", ", ".join(precision))
+    if _present(t, "wall_time_s"):
+        add("Training time", _duration(float(t["wall_time_s"])))
+    for key in sorted(set(t) - _FOLDED - _OPERATIONAL):
+        if t[key] is not None and len(_num(t[key])) <= 80:
+            add(key, _num(t[key]))
+    return rows
+
+
+def training(c: CardInputs) -> str:
+    rows = [("Framework", f"eagle3kit {__version__}, pure JAX"), *_training_rows(c.training)]
+    text = "## Training details\n\n" + _table(("Parameter", "Value"), rows)
+    if len(rows) == 1:
+        origin = f" from `{c.source}`" if c.source else ""
+        text += f"\nNo training configuration was recorded: this draft was imported{origin}.\n"
+    return text
+
+
+def _eval_title(e: EvalResult) -> str:
+    return f"{e.dataset or 'unnamed data'} ({e.mode})"
+
+
+def performance(c: CardInputs) -> str:
+    if not c.evals:
+        return ("## Performance\n\nNo acceptance measurements were supplied when this card "
+                "was written. Measure on your own prompts with `eagle3kit eval` before relying "
+                "on a speedup.\n")
+    k = max(len(e.acc) for e in c.evals)
+    shown = min(k, 3)
+    rows = []
+    for e in c.evals:
+        tau = e.tau_generate if e.tau_generate is not None else e.tau
+        rows.append((_eval_title(e), "-" if tau is None else f"{tau:.2f}",
+                     *(_pct(e.acc[i]) if i < len(e.acc) else "-" for i in range(shown)),
+                     "-" if e.speedup is None else f"{e.speedup:.2f}x"))
+    out = ["## Performance\n",
+           "Acceptance measured with `eagle3kit eval`. acc_k is the share of assistant tokens "
+           "where draft token k+1 (acc_0: the first) equals the target's greedy token, with "
+           "the ground-truth prefix; tau is the mean number of tokens produced per target "
+           "forward pass (acceptance length).\n",
+           _table(("Data", "tau", *(f"acc_{i}" for i in range(shown)), "Speedup"), rows)]
+    for e in c.evals:
+        out.append(f"### {_eval_title(e)}\n")
+        if e.acc or e.accept_rate:
+            header = ["Draft token", "acc_k", "acc_k, previous tokens right"]
+            header += ["Accepted in generation"] if e.accept_rate else []
+            rows = []
+            for i in range(max(len(e.acc), len(e.accept_rate))):
+                row = [i + 1, *(_pct(v[i]) if i < len(v) else "-" for v in (e.acc, e.cond_acc))]
+                row += ([_pct(e.accept_rate[i]) if i < len(e.accept_rate) else "-"]
+                        if e.accept_rate else [])
+                rows.append(tuple(row))
+            out.append(_table(tuple(header), rows))
+        details = [("Assistant tokens scored", e.masked_tokens, "{:,}"),
+                   ("Prompts generated", e.prompts, "{:,}"),
+                   ("Max new tokens", e.max_new_tokens, "{:,}"),
+                   ("tau estimated from acc_k", e.tau, "{:.2f}"),
+                   ("tau (generation)", e.tau_generate, "{:.2f}"),
+                   ("Speedup", e.speedup, "{:.2f}x"),
+                   ("Tokens/s with the draft", e.tokens_per_s_speculative, "{:.1f}"),
+                   ("Tokens/s without", e.tokens_per_s_baseline, "{:.1f}"),
+                   ("Draft steps", e.steps, "{}"), ("Temperature", e.temperature, "{:g}"),
+                   ("Device", e.device, "{}")]
+        lines = [f"- {label}: {fmt.format(v)}" for label, v, fmt in details if v is not None]
+        if lines:
+            out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def architecture(c: CardInputs) -> str:
+    d = c.draft
+    ids = list(d.aux_layer_ids)
+    rows = [
+        ("Architecture", "EAGLE3 head: fc over 3 target states, one Llama decoder layer of "
+                         "width 2H, own lm_head over the draft vocabulary"),
+        ("Hidden size", _num(d.hidden_size)),
+        ("Attention heads", f"{d.num_heads} (GQA: {d.num_kv_heads} KV heads, head dim "
+                            f"{d.head_dim})"),
+        ("Intermediate size", _num(d.intermediate_size)),
+        ("Target vocabulary", _num(d.vocab_size)),
+        ("Draft vocabulary", f"{_num(d.draft_vocab_size)} (most frequent target tokens; "
+                             "d2t/t2d map them)"),
+        ("Target layers read", f"hidden_states {ids} (inputs of layers {ids}; SGLang ids "
+                               f"{[i - 1 for i in ids]})"),
+        ("Residual", "normed hidden (norm_before_residual)" if d.norm_before_residual
+         else "un-normed fused hidden (EAGLE3 / SGLang)"),
+        ("Parameters", f"{_count(d.num_params)} trainable (the embedding is the target's, "
+                       "not included)"),
+        ("Weights", f"{c.dtype} safetensors ({c.engine_format} format)"),
+    ]
+    files = _table(("File", "Bytes"), [(f"`{n}`", f"{s:,}") for n, s in c.files])
+    return ("## Model architecture\n\n" + _table(("Parameter", "Value"), rows)
+            + "\n### Files\n\n" + files
+            + "\n`eagle3kit.json` records provenance (target config, training configuration); "
+              "the engines ignore it.\n")
+
+
+def limitations(c: CardInputs) -> str:
+    d = c.draft
+    items = [f"Works only with `{c.target_name}`: it reads that model's hidden states and "
+             "embeddings. Another model, a fine-tune or a differently quantised copy will "
+             "accept fewer tokens.",
+             "Acceptance depends on the prompt distribution; languages and domains absent "
+             "from the training data accept fewer tokens."
+             + ("" if c.evals else " No acceptance was measured for this card.")]
+    if d.draft_vocab_size < d.vocab_size:
+        items.append(f"The draft proposes only the {d.draft_vocab_size:,} most frequent "
+                     f"training tokens ({_pct(d.draft_vocab_size / d.vocab_size)} of the "
+                     "vocabulary); other tokens are never drafted, though the target still "
+                     "generates them.")
+    if not any(e.temperature for e in c.evals):
+        items.append("Speedups at temperature > 0 are usually lower than at temperature 0.")
+    return "## Limitations\n\n" + "\n".join(f"- {i}" for i in items) + "\n"
+
+
+def license_section(c: CardInputs) -> str:
+    if c.license:
+        return (f"## License\n\nReleased under `{c.license}`, the license of the base model "
+                f"`{c.target_name}`: the draft is trained on its hidden states and outputs.\n")
+    return (f"## License\n\nThe license of the base model `{c.target_name}` could not be "
+            "determined; the draft is derived from it and subject to its terms. Set it with "
+            "`eagle3kit push --license` before publishing.\n")
+
+
+REFERENCES = """## References
+
+```bibtex
+@inproceedings{li2025eagle3,
+  author    = {Yuhui Li and Fangyun Wei and Chao Zhang and Hongyang Zhang},
+  title     = {{EAGLE-3}: Scaling up Inference Acceleration of Large Language Models via
+               Training-Time Test},
+  booktitle = {Annual Conference on Neural Information Processing Systems},
+  year      = {2025}
+}
+```
+"""

@@ -1,0 +1,125 @@
+"""`eagle3kit push` through the CLI: --dry-run touches no network, a real push goes through
+huggingface_hub to a local recording Hub in one commit, eval results come from files or
+stdin, and a missing token fails before anything is written."""
+
+from __future__ import annotations
+
+import json
+
+import huggingface_hub.constants
+import pytest
+from huggingface_hub import ModelCard
+from typer.testing import CliRunner
+
+from eagle3kit.cli.app import app
+from eagle3kit.formats import export_draft
+from eagle3kit.io.draft_io import save_draft
+from tests.formats.helpers import make_draft, tiny_target
+from tests.hub.hub_server import hub_server
+
+runner = CliRunner()
+TOKEN = "hf_cli_test_token_5f3a"
+EVAL = {"mode": "teacher-forced", "dataset": "mt-bench", "acc": [0.61, 0.58, 0.57],
+        "cond_acc": [0.61, 0.7, 0.72], "tau": 2.31}
+
+
+def push(*args, input=None, env=None):
+    return runner.invoke(app, ["push", *map(str, args)], input=input,
+                         env={"COLUMNS": "250", **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return tiny_target(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture()
+def export(target, tmp_path):
+    d = make_draft(target, name="meta-llama/Llama-3.1-8B-Instruct",
+                   training={"epochs": 3, "ttt_length": 7})
+    return export_draft(d, "sglang", tmp_path / "sglang")
+
+
+@pytest.fixture()
+def hub(monkeypatch):
+    with hub_server() as server:
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        yield server
+
+
+def test_dry_run_writes_the_card_and_touches_no_network(export, hub, tmp_path):
+    (tmp_path / "eval.json").write_text(json.dumps(EVAL))
+    r = push(export, "--repo-id", "my-org/Llama-3.1-8B-Instruct-Eagle3", "--eval",
+             tmp_path / "eval.json", "--dry-run",
+             env={"HF_ENDPOINT": hub.url, "HF_TOKEN": ""})
+    assert r.exit_code == 0, r.output
+    assert hub.requests == [] and r.stdout == ""
+    assert "dry run: would upload 4 files" in r.output and "public repo" in r.output
+    for name in ("README.md", "config.json", "eagle3kit.json", "model.safetensors"):
+        assert name in r.output
+    card = ModelCard((export / "README.md").read_text())
+    assert card.data.base_model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert card.data.license == "llama3.1"  # the target's license, known by its Hub id
+    assert "| mt-bench (teacher-forced) | 2.31 | 61.0% | 58.0% | 57.0% | - |" in card.text
+    assert "| TTT length | 7 steps (training-time test) |" in card.text
+
+
+def test_push_is_one_commit_through_the_real_client(export, hub):
+    r = push(export, "--repo-id", "my-org/x-Eagle3", "--private", "--revision", "v1",
+             "--commit-message", "release v1", "--eval", "-", input=json.dumps(EVAL),
+             env={"HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN})
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == f"{hub.url}/my-org/x-Eagle3/commit/c0ffee"
+    assert TOKEN not in r.output
+    create = next(r for r in hub.requests if r.path == "/api/repos/create")
+    assert create.json()["visibility"] == "private"
+    assert any(q.path == "/api/models/my-org/x-Eagle3/branch/v1" for q in hub.requests)
+    files = hub.committed_files()
+    assert set(files) == {"README.md", "config.json", "eagle3kit.json", "model.safetensors"}
+    assert files["model.safetensors"] == (export / "model.safetensors").read_bytes()
+    assert b"mt-bench (teacher-forced)" in files["README.md"]  # the eval came from stdin
+    commit = next(q for q in hub.requests if "/commit/" in q.path)
+    assert commit.ndjson()[0]["value"]["summary"] == "release v1"
+
+
+def test_no_token_fails_before_writing(export, tmp_path, monkeypatch):
+    # no stored login (the path is read once, at import)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
+    r = push(export, "--repo-id", "my-org/x", env={"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": ""})
+    assert r.exit_code == 6 and "no Hugging Face token: set HF_TOKEN" in r.output
+    assert not (export / "README.md").exists()
+
+
+def test_hub_refusal_is_one_line(export, hub):
+    hub.fail_with["/commit/"] = 401
+    r = push(export, "--repo-id", "my-org/x", env={"HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN})
+    assert r.exit_code == 6 and "push to my-org/x failed (commit)" in r.output
+    assert "401" in r.output and TOKEN not in r.output and "Traceback" not in r.output
+
+
+def test_bad_input(export, target, tmp_path):
+    save_draft(tmp_path / "final", make_draft(target))
+    (tmp_path / "bad.json").write_text('{"acc": "high"}')
+    cases = [
+        ((tmp_path / "final", "--repo-id", "my-org/x"), "convert it first"),
+        ((export, "--repo-id", "not-a-repo"), "is not ORG/NAME"),
+        ((export, "--repo-id", "my-org/x", "--eval", tmp_path / "bad.json"),
+         "bad.json:1: not an eval result"),
+        ((tmp_path / "nowhere", "--repo-id", "my-org/x"), "no such directory"),
+    ]
+    for args, message in cases:
+        r = push(*args, "--dry-run")
+        assert r.exit_code == 2 and message in r.output, (args, r.output)
+    assert not (export / "README.md").exists()
+
+
+def test_a_users_own_card_is_kept(export):
+    (export / "README.md").write_text("# my card\n")
+    r = push(export, "--repo-id", "my-org/x", "--dry-run")
+    assert r.exit_code == 0 and "keeping" in r.output
+    assert (export / "README.md").read_text() == "# my card\n"
+
+
+def test_help_has_a_runnable_example():
+    r = runner.invoke(app, ["push", "--help"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0 and "Example:" in r.output and "--dry-run" in r.output

@@ -1,0 +1,145 @@
+"""The model card: rendered from the export directory alone, showing only what was recorded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from huggingface_hub import ModelCard
+
+from eagle3kit.errors import InputError
+from eagle3kit.formats import export_draft
+from eagle3kit.hub import card
+from tests.formats.helpers import make_draft, tiny_target
+
+# what `eagle3kit train` records (jobs/train.py), for an 8-GPU run
+TRAINING = {
+    "attention": "auto", "aux_layer_ids": None, "b1": 0.9, "b2": 0.95, "batch_size": 4,
+    "clip_norm": 0.5, "data": "/data/mixed-54k.jsonl", "data_records": 54000,
+    "data_tokens": 61234567, "decay": 0.8, "device_kind": "NVIDIA H100", "devices": 8,
+    "dtype": "bfloat16", "epochs": 3, "eval_data": None, "eval_every": 500, "grad_accum": 2,
+    "init_from": None, "keep_checkpoints": 2, "log_every": 10, "lr": 0.0003, "max_steps": None,
+    "mesh": "data=8,tensor=1", "min_lr_ratio": 0.0, "out": "/scratch/runs/llama",
+    "resume": False, "save_every": 500, "seed": 0, "seq_len": 2048, "steps": 14949,
+    "target": "/models/llama", "target_dtype": "bfloat16", "ttt_length": 7,
+    "vocab": "/data/vocab.safetensors", "wall_time_s": 9000, "warmup_ratio": 0.03,
+    "weight_decay": 0.0}
+TEACHER = {"mode": "teacher-forced", "dataset": "mt-bench", "acc": [0.605, 0.582, 0.572, 0.55],
+           "cond_acc": [0.605, 0.7, 0.72, 0.74], "tau": 2.41}
+GENERATE = {"mode": "generate", "dataset": "humaneval", "acc": [0.7, 0.65],
+            "accept_rate": [0.72, 0.6], "prompts": 164, "masked_tokens": 9000,
+            "tau": 2.2, "tau_generate": 2.64, "speedup": 2.31, "tokens_per_s_speculative": 91.5,
+            "tokens_per_s_baseline": 39.6, "device": "NVIDIA H100", "steps": 3,
+            "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return tiny_target(tmp_path_factory.mktemp("target"))
+
+
+@pytest.fixture(scope="module")
+def sglang_export(target, tmp_path_factory):
+    d = make_draft(target, training=TRAINING)
+    return export_draft(d, "sglang", tmp_path_factory.mktemp("e") / "sglang")
+
+
+def _evals(tmp_path):
+    (tmp_path / "tf.json").write_text(json.dumps(TEACHER))
+    (tmp_path / "gen.json").write_text(json.dumps(GENERATE))
+    return [tmp_path / "tf.json", tmp_path / "gen.json"]
+
+
+def test_front_matter_and_usage(sglang_export, tmp_path):
+    text = card.render_card(sglang_export, "my-org/tiny-Eagle3", evals=_evals(tmp_path))
+    meta = ModelCard(text).data.to_dict()
+    assert meta["base_model"] == "org/tiny-llama" and meta["library_name"] == "sglang"
+    assert "license" not in meta  # unknown for org/tiny-llama: never invented
+    assert {"eagle3", "speculative-decoding", "sglang"} <= set(meta["tags"])
+    assert card.is_generated(text)
+    for flag in ("--model-path org/tiny-llama", "--speculative-algorithm EAGLE3",
+                 "--speculative-draft-model-path my-org/tiny-Eagle3",
+                 "--speculative-num-steps 3", "--speculative-eagle-topk 1",
+                 "--speculative-num-draft-tokens 4", "--dtype bfloat16"):
+        assert flag in text, flag
+    # default layers: vLLM loads the midlayer export as well
+    assert ('vllm serve org/tiny-llama \\\n    --speculative-config \'{"method": "eagle3", '
+            '"model": "my-org/tiny-Eagle3", "num_speculative_tokens": 3}\'') in text
+    assert "could not be determined" in text and "--license" in text
+
+
+def test_training_table_renders_what_was_recorded(sglang_export):
+    text = card.render_card(sglang_export, "my-org/x")
+    for row in ("| Hardware | 8 x NVIDIA H100 (mesh data=8,tensor=1) |",
+                "| Training data | mixed-54k.jsonl, 54,000 conversations, 61,234,567 tokens |",
+                "| Epochs | 3 |", "| Optimizer steps | 14,949 |",
+                "| Optimizer | AdamW (betas 0.9, 0.95), weight decay 0, gradient clip 0.5 |",
+                "| Learning rate | 0.0003 peak, 3.0% warmup, final 0 x peak |",
+                "| Batch | B=4, sequence length T=2048, gradient accumulation 2 |",
+                "| TTT length | 7 steps (training-time test, loss weight 0.8^k) |",
+                "| Precision | draft bfloat16 (fp32 master weights), target bfloat16 |",
+                "| Training time | 2.5 h |", "| seed | 0 |"):
+        assert row in text, row
+    # the run's bookkeeping and local paths are not the reader's business
+    for word in ("/scratch", "/models", "save_every", "log_every", "None", "null"):
+        assert word not in text, word
+    assert "No acceptance measurements were supplied" in text
+
+
+def test_absent_training_keys_are_skipped(target, tmp_path):
+    d = make_draft(target, training={"epochs": 1})
+    text = card.render_card(export_draft(d, "speculators", tmp_path / "v"), "my-org/x")
+    assert "| Epochs | 1 |" in text
+    for label in ("Hardware", "Training data", "Learning rate", "Batch", "Training time"):
+        assert f"| {label} |" not in text, label
+    meta = ModelCard(text).data.to_dict()
+    assert meta["library_name"] == "vllm" and "speculators" in meta["tags"]
+    assert "The short form `vllm serve my-org/x` also works" in text
+    assert "sglang.launch_server" not in text
+
+
+def test_acceptance_tables(sglang_export, tmp_path):
+    text = card.render_card(sglang_export, "my-org/x", evals=_evals(tmp_path))
+    assert "| mt-bench (teacher-forced) | 2.41 | 60.5% | 58.2% | 57.2% | - |" in text
+    assert "| humaneval (generate) | 2.64 | 70.0% | 65.0% | - | 2.31x |" in text
+    assert "| 4 | 55.0% | 74.0% |" in text  # every step of the per-eval table
+    assert "| 2 | 65.0% | - | 60.0% |" in text  # generation: accepted share per token
+    assert "- Tokens/s with the draft: 91.5" in text and "- Temperature: 0" in text
+
+
+def test_custom_layers_in_sglang_format_point_vllm_users_elsewhere(target, tmp_path):
+    d = make_draft(target, aux_layer_ids=(1, 3, 4))
+    text = card.render_card(export_draft(d, "sglang", tmp_path / "s"), "my-org/x")
+    assert "vllm serve" not in text and "--to speculators" in text
+    assert "hidden_states [1, 3, 4] (inputs of layers [1, 3, 4]; SGLang ids [0, 2, 3])" in text
+
+
+@pytest.mark.parametrize("name,license_id", [
+    ("meta-llama/Llama-3.1-8B-Instruct", "llama3.1"), ("Qwen/Qwen3-8B", "apache-2.0"),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0"), ("someone/private-model", None)])
+def test_license_of_known_targets(name, license_id):
+    assert card.target_license(name) == license_id
+
+
+def test_license_from_a_local_target_readme(tmp_path):
+    (tmp_path / "README.md").write_text("---\nlicense: mit\n---\n# a model\n")
+    assert card.target_license(str(tmp_path)) == "mit"
+
+
+def test_eval_files(tmp_path):
+    (tmp_path / "two.jsonl").write_text(json.dumps(TEACHER) + "\n\n" + json.dumps(GENERATE))
+    assert [e.mode for e in card.load_evals(tmp_path / "two.jsonl")] == ["teacher-forced",
+                                                                        "generate"]
+    (tmp_path / "bad.jsonl").write_text(json.dumps(TEACHER) + '\n{"acc": ["high"]}\n')
+    with pytest.raises(InputError, match=r"bad.jsonl:2: not an eval result.*acc\[0\]"):
+        card.load_evals(tmp_path / "bad.jsonl")
+    with pytest.raises(InputError, match="no such file"):
+        card.load_evals(tmp_path / "missing.json")
+
+
+def test_refuses_directories_that_are_not_exports(target, tmp_path):
+    from eagle3kit.io.draft_io import save_draft
+
+    save_draft(tmp_path / "final", make_draft(target))
+    with pytest.raises(InputError, match="convert it first: eagle3kit convert"):
+        card.render_card(tmp_path / "final", "my-org/x")
