@@ -184,6 +184,11 @@ def export_draft(draft: Draft, fmt: str, out_dir: str | os.PathLike, dtype: str 
         draft = dataclasses.replace(draft, target_name=target_name)
     if fmt == "eagle3kit":
         return save_draft(out, draft, force=force)
+    if draft.target_name and not common.is_hub_id(draft.target_name):
+        common.log.warning(
+            "the target is recorded as %r, not a Hub id: the model card gets no base_model "
+            "and `vllm serve DIR` looks for the verifier there; pass --target-name ORG/MODEL",
+            draft.target_name)
     with atomic_dir(out, force=force) as tmp:
         if fmt == "sglang":
             sglang.write(tmp, draft, dtype)

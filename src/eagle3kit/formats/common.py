@@ -102,10 +102,11 @@ def to_tensors(draft: Draft, table: tuple[Key, ...], dtype: str) -> dict[str, np
     np_dtype = DTYPES[dtype_name(dtype)]
     out: dict[str, np.ndarray] = {}
     for key in table:
-        w = np.asarray(getattr(draft.weights, key.field), np.float32)
+        # cast before transposing: the strided copy then moves half the bytes (bf16)
+        w = np.asarray(getattr(draft.weights, key.field), np.float32).astype(np_dtype)
         if key.n_in:
             w = w.reshape(math.prod(w.shape[: key.n_in]), -1).T
-        out[key.name] = np.ascontiguousarray(w).astype(np_dtype)
+        out[key.name] = np.ascontiguousarray(w)
     out["d2t"] = np.ascontiguousarray(draft.vocab.d2t, np.int64)
     out["t2d"] = np.ascontiguousarray(draft.vocab.t2d, np.bool_)
     return out

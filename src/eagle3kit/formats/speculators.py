@@ -75,10 +75,6 @@ def write(directory: Path, draft: Draft, dtype: str, speculative_tokens: int) ->
     """Writes config.json and model.safetensors into `directory`; returns the config."""
     target = common.check_exportable(draft, min_layer_id=0)
     fields = config(draft, target, dtype, speculative_tokens)
-    if not common.is_hub_id(draft.target_name):
-        common.log.warning("the verifier is recorded as %r, not a Hub id: `vllm serve DIR` "
-                           "will look for it there (pass --target-name ORG/MODEL to record the "
-                           "Hub id)", draft.target_name)
     st.save(directory / common.WEIGHTS, common.to_tensors(draft, KEY_TABLE, dtype),
             {"format": "pt"})
     (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
