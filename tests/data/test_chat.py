@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 
 from eagle3kit.data.chat import Renderer, RenderError, mask_from_spans, prompt_ids, render
-from eagle3kit.errors import InputError
 from tests import assets
 from tests.data import chat_tokenizers
 
@@ -140,11 +139,19 @@ def test_template_refusal_is_a_render_error():
 
 
 @pytest.mark.slow
+def test_template_without_generation_prompt_masks_from_the_content():
+    # Mistral-style: no add_generation_prompt branch; the model's output is the content
+    tok = chat_tokenizers.smollm2()
+    inst = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ '<|im_start|>' + m['content']"
+            " + '<|im_end|>' }}{% else %}{{ ' ' + m['content'] + '<|endoftext|>' }}{% endif %}"
+            "{% endfor %}")
+    ids, mask = render(tok, SHAPES[1][1:], chat_template=inst)
+    assert [tok.decode(r) for r in _runs(ids, mask)] == [" Then I go on.<|endoftext|>"]
+
+
+@pytest.mark.slow
 def test_templates_the_mask_cannot_follow_are_refused():
     tok = chat_tokenizers.smollm2()
-    no_prompt = "{% for m in messages %}{{ m['content'] + '<|im_end|>' }}{% endfor %}"
-    with pytest.raises(InputError, match="no generation prompt"):
-        Renderer(tok, chat_template=no_prompt)
     no_eot = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\n' }}{% endfor %}"
               "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
     with pytest.raises(RenderError) as e:

@@ -36,6 +36,10 @@ def _root(
 
 
 # ---- the commands, in pipeline order (one line each) ----
+from eagle3kit.cli import mix, tokenize, vocab_select  # noqa: E402, I001
+app.command("mix")(mix.mix)
+app.command("tokenize")(tokenize.tokenize)
+app.command("vocab-select")(vocab_select.vocab_select)
 from eagle3kit.cli import train  # noqa: E402
 
 app.command("train")(train.train)

@@ -15,7 +15,8 @@ How the assistant spans are found, for any template and without template-specifi
    end-of-turn special token, so content cannot be mistaken for scaffolding; content that
    itself contains special-token text cannot be rendered faithfully and is refused.
 3. What the model generates starts right after the generation prompt (`add_generation_prompt`
-   for the same mode). Qwen3 in thinking mode has the prompt `<|im_start|>assistant\n`, so
+   for the same mode; for templates without one, right after the last special token before
+   the content). Qwen3 in thinking mode has the prompt `<|im_start|>assistant\n`, so
    the `<think>\n\n</think>\n\n` the template writes into the last turn is generated text and
    is masked; with `--no-thinking` the prompt already ends with that block and it is not.
 4. Tokenize the real rendering once (exactly what `apply_chat_template(tokenize=True)`
@@ -24,6 +25,7 @@ How the assistant spans are found, for any template and without template-specifi
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from collections.abc import Sequence
@@ -78,6 +80,9 @@ class Renderer:
         special = {str(t) for t in tokenizer.all_special_tokens}
         special |= {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
         special.discard("")
+        if not special:
+            raise InputError("the tokenizer has no special tokens; eagle3kit needs one to "
+                             "end each assistant turn")
         # longest first, so `<|im_end|>` never matches as a shorter token's prefix
         self.special_re = re.compile("|".join(re.escape(s) for s in
                                               sorted(special, key=len, reverse=True)))
@@ -91,13 +96,14 @@ class Renderer:
         except Exception as e:  # jinja2 TemplateError, raise_exception(...) of the template
             raise RenderError("the chat template refuses it", str(e)) from None
 
-    def _generation_prompt(self) -> str:
+    def _generation_prompt(self) -> str | None:
+        """The text `add_generation_prompt` appends after a user turn, or None when the
+        template adds none (Mistral-style)."""
         probe = [{"role": "user", "content": "hi"}]
         with_prompt = self.text(probe, add_generation_prompt=True)
         without = self.text(probe)
         if not with_prompt.startswith(without) or with_prompt == without:
-            raise InputError("the chat template adds no generation prompt after a user turn; "
-                             "cannot tell where the assistant's output starts")
+            return None
         return with_prompt[len(without):]
 
     def encode(self, text: str):
@@ -109,7 +115,7 @@ class Renderer:
         for m in msgs:
             if "\ue000" in m["content"] or "\ue001" in m["content"]:
                 raise RenderError("private-use characters in content", "U+E000/U+E001 mark turns")
-            hit = self.special_re.search(m["content"]) if self.special_re.pattern else None
+            hit = self.special_re.search(m["content"])
             if hit:
                 raise RenderError("special-token text in content", f"a {m['role']} message "
                                   f"contains {hit.group()!r}, which would become a control "
@@ -137,7 +143,7 @@ class Renderer:
             if not content.endswith(text[pos:end].strip()):
                 raise RenderError(_REWRITES, f"assistant turn {k + 1} is not its content")
             start = self._generated_start(scaffold[k], pos)
-            eot = self.special_re.search(piece) if self.special_re.pattern else None
+            eot = self.special_re.search(piece)
             if eot is None:
                 raise RenderError("no end-of-turn token", "the template closes an assistant "
                                   "turn without a special token")
@@ -147,11 +153,16 @@ class Renderer:
 
     def _generated_start(self, before: str, content_start: int) -> int:
         """Where generation starts: after the generation prompt if it ends the scaffolding
-        before the content (anything between, like Qwen3's think block, is generated)."""
-        at = before.rfind(self.generation_prompt)
-        if at < 0:
-            return content_start
-        return content_start - (len(before) - at - len(self.generation_prompt))
+        before the content (anything between, like Qwen3's think block, is generated).
+        Without a generation prompt (Mistral-style), after the last special token before
+        the content: the separator the template writes there is the model's to generate."""
+        if self.generation_prompt:
+            at = before.rfind(self.generation_prompt)
+            cut = at + len(self.generation_prompt) if at >= 0 else len(before)
+        else:
+            ends = [m.end() for m in self.special_re.finditer(before)]
+            cut = ends[-1] if ends else len(before)
+        return content_start - (len(before) - cut)
 
     def render(self, messages: Sequence[Any]) -> tuple[list[int], list[int]]:
         """input_ids [T] and loss_mask [T] (0/1) of a whole conversation."""
@@ -180,15 +191,11 @@ def mask_from_spans(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[in
     A token that straddles the start of a span (scaffolding `\\n` merged with a leading space
     of the content) belongs to the prompt: at inference the prompt is tokenized on its own.
     """
-    mask = [0] * len(offsets)
-    j = 0
-    for i, (s, e) in enumerate(offsets):
-        while j < len(spans) and s >= spans[j][1]:
-            j += 1
-        if j == len(spans):
-            break
-        if s >= spans[j][0] and e > s:
-            mask[i] = 1
+    starts = [s for s, _ in offsets]  # non-decreasing along the sequence
+    mask = [0] * len(starts)
+    for begin, end in spans:
+        lo, hi = bisect.bisect_left(starts, begin), bisect.bisect_left(starts, end)
+        mask[lo:hi] = [1] * (hi - lo)
     return mask
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 
 import msgspec
 
-from eagle3kit.data.records import ChatRecord
+from eagle3kit.data.records import ChatRecord, display_name
 from eagle3kit.data.sources import Reader, RecordError, SourceSpec, drop_reason, normalise
 from eagle3kit.errors import InputError
 
@@ -75,7 +75,7 @@ def usable(reader: Reader, report: SourceReport, fmt: str, skip_invalid: bool
         yield record
     report.notes.extend(reader.notes)
     if report.read == 0:
-        raise InputError("no records", path=report.spec.location)
+        raise InputError("no records", path=display_name(report.spec.location))
 
 
 def interleave(streams: Sequence[Iterator[ChatRecord]], weights: Sequence[float]
@@ -145,13 +145,13 @@ def mix(specs: Sequence[SourceSpec], *, n: int | None, seed: int = 0, fmt: str =
             picked, seen = sample(usable(Reader(spec), report, fmt, skip_invalid), quota, rng)
             if seen == 0:
                 raise InputError("no usable records (see the counts above)",
-                                 path=spec.location)
+                                 path=display_name(spec.location))
             if seen < quota:
                 if not allow_repeat:
                     raise InputError(
                         f"only {seen:,} usable records, but its share of -n {n:,} is "
                         f"{quota:,}; lower -n or this weight, or pass --allow-repeat",
-                        path=spec.location)
+                        path=display_name(spec.location))
                 report.repeated = quota - seen
                 picked = _repeat(picked, quota)
             chosen.append(iter(picked))

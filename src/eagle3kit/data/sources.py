@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from eagle3kit.data.records import ChatRecord, Message
+from eagle3kit.data.records import ChatRecord, Message, display_name, open_input
 from eagle3kit.errors import InputError
 
 FORMATS = ("auto", "sharegpt", "perfectblend", "openai", "ultrachat")
@@ -64,11 +64,14 @@ class SourceSpec:
     @property
     def name(self) -> str:
         """Short name for reports and the records' `source` field."""
+        if self.location == "-":
+            return "stdin"
         return self.location if self.is_hub else Path(self.location).name
 
 
 def parse_source(spec: str) -> SourceSpec:
-    """`PATH[:WEIGHT]` or `hf:NAME[:CONFIG][@SPLIT][:WEIGHT]`; a trailing `:NUMBER` is the weight."""
+    """`PATH[:WEIGHT]`, `-[:WEIGHT]` (JSONL on stdin) or `hf:NAME[:CONFIG][@SPLIT][:WEIGHT]`;
+    a trailing `:NUMBER` is the weight."""
     location, weight = spec, 1.0
     head, sep, tail = spec.rpartition(":")
     if sep and head and head != "hf":
@@ -80,6 +83,8 @@ def parse_source(spec: str) -> SourceSpec:
             location = head
             if not (math.isfinite(weight) and weight > 0):
                 raise InputError(f"weight must be a positive number, got {tail!r}", path=spec)
+    if location == "-":  # JSONL on stdin
+        return SourceSpec(spec, location, weight)
     if location.startswith("hf:"):
         if len(location) <= 3:
             raise InputError("expected hf:NAME[:CONFIG][@SPLIT]", path=spec)
@@ -114,13 +119,15 @@ class Reader:
     def __iter__(self) -> Iterator[Raw]:
         if self.spec.is_hub:
             return self._hub()
+        if self.spec.location == "-":
+            return self._jsonl()
         return {".jsonl": self._jsonl, ".json": self._json_array,
                 ".parquet": self._parquet}[Path(self.spec.location).suffix]()
 
     def _jsonl(self) -> Iterator[Raw]:
-        path = self.spec.location
+        path = display_name(self.spec.location)
         number = 0
-        with open(path, "rb") as f:
+        with open_input(self.spec.location) as f:
             for line_no, line in enumerate(f, start=1):
                 if not line.strip():
                     continue

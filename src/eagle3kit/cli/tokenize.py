@@ -1,0 +1,118 @@
+"""`eagle3kit tokenize`: render conversations with the target's chat template, with loss masks."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.errors import InputError
+
+EXAMPLE = """
+eagle3kit mix sharegpt.json -n 1000 \\
+  | eagle3kit tokenize --tokenizer HuggingFaceTB/SmolLM2-135M-Instruct --max-length 2048 \\
+  > train.jsonl
+eagle3kit tokenize --tokenizer Qwen/Qwen3-8B --no-thinking -i mixed.jsonl -o train.jsonl -j 16
+"""
+
+
+@handle_errors
+def tokenize(
+    tokenizer: str = typer.Option(..., "--tokenizer", "-t", help="The target's tokenizer: a "
+                                  "local directory, a .gguf file or a Hub id."),
+    input: str = typer.Option("-", "-i", "--input", help="Chat records (JSONL, from `mix`); "
+                              "'-' = stdin."),
+    out: str = typer.Option("-", "-o", "--out", help="Token records (JSONL); '-' = stdout; a "
+                            "file is written atomically."),
+    max_length: int = typer.Option(2048, "--max-length", min=1, help="Truncate each "
+                                   "conversation to this many tokens."),
+    chat_template: str | None = typer.Option(None, "--chat-template", help="A Jinja file (or "
+                                             "a JSON file with a chat_template) to use instead "
+                                             "of the tokenizer's own."),
+    thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Qwen3-style "
+                                         "templates: render for thinking mode (the think block "
+                                         "is generated, so it is learned) or non-thinking mode "
+                                         "(it is part of the prompt). Default: the template's."),
+    jobs: int | None = typer.Option(None, "-j", "--jobs", min=1, help="Worker processes "
+                                    "(default: every core)."),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Count and skip malformed "
+                                      "lines instead of stopping at the first."),
+) -> None:
+    """Tokenize conversations into token records with assistant loss masks.
+
+    Writes {"id", "input_ids", "loss_mask", "tokenizer"} per conversation. The mask is 1 on
+    exactly the tokens the target generates: every assistant turn's content and its
+    end-of-turn token; never system or user turns or template scaffolding. "tokenizer" is the
+    tokenizer's fingerprint; `vocab-select`, `train` and `eval` refuse data whose fingerprint
+    differs from theirs. Conversations the template cannot render faithfully, or with no
+    assistant token left after --max-length, are dropped and counted on stderr.
+    """
+    from eagle3kit.data.chat import Renderer
+    from eagle3kit.data.fingerprint import tokenizer_fingerprint
+    from eagle3kit.data.records import display_name, iter_lines
+    from eagle3kit.data.tokenizer import load_chat_template, load_tokenizer, tokenizer_name
+    from eagle3kit.data.tokenizing import Job, TokenizeReport, default_jobs, tokenize_lines
+    from eagle3kit.io.atomic import open_output
+
+    template = load_chat_template(chat_template) if chat_template else None
+    with console.status(f"loading tokenizer {tokenizer}"):
+        tok = load_tokenizer(tokenizer)
+    renderer = Renderer(tok, chat_template=template, thinking=thinking)  # checks the template
+    fp = tokenizer_fingerprint(tok, tokenizer_name(tokenizer), renderer.template)
+    jobs = jobs or default_jobs()
+    console.print(f"tokenizer {fp.name} ({fp.vocab_size:,} tokens, fingerprint {fp.key}), "
+                  f"{jobs} job{'s' * (jobs > 1)}", soft_wrap=True)
+    job = Job(tok, fp.key, display_name(input), max_length, template, thinking)
+    report = TokenizeReport()
+    start = time.perf_counter()
+    with _progress() as advance, open_output(None if out == "-" else out, "wb") as f:
+        for line in tokenize_lines(iter_lines(input), job, jobs=jobs, skip_invalid=skip_invalid,
+                                   report=report, progress=advance):
+            f.write(line)
+        if report.records == 0:
+            raise InputError("no chat records (empty input)", path=display_name(input))
+        if report.written == 0:
+            _report(report, time.perf_counter() - start)
+            raise InputError("no conversation yielded a token record; nothing written",
+                             path=display_name(input))
+    _report(report, time.perf_counter() - start)
+
+
+class _progress:
+    """A live count on stderr when it is a terminal; nothing in pipes and logs."""
+
+    def __enter__(self):
+        self.bar = None
+        if console.is_terminal:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(SpinnerColumn(), TextColumn("tokenize {task.completed:,} "
+                                                            "conversations"),
+                                TimeElapsedColumn(), console=console, transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("tokenize", total=None)
+        return self.advance
+
+    def advance(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task, n)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+def _report(r, seconds: float) -> None:
+    rate = r.records / seconds if seconds > 0 else 0.0
+    console.print(f"{r.written:,} of {r.records:,} conversations written "
+                  f"({rate:,.0f}/s), {r.tokens:,} tokens, {r.masked:,} masked "
+                  f"({r.masked / max(r.tokens, 1):.1%}); {r.truncated:,} truncated",
+                  soft_wrap=True)
+    for reason, count in sorted(r.dropped.items()):
+        console.print(f"  dropped {count:,}: {reason}", soft_wrap=True)
+    for reason, count in sorted(r.invalid.items()):
+        console.print(f"  skipped {count:,} invalid: {reason}", soft_wrap=True)
+
+
+tokenize.__doc__ = (tokenize.__doc__ or "") + example(EXAMPLE)
