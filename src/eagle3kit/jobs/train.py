@@ -193,6 +193,8 @@ def run(cfg: TrainConfig, console) -> Path:
     last_saved = step
     try:
         with progress:
+            if eval_docs is not None and step == 0:  # the starting point, for comparison
+                _evaluate(trainer, state, target_w, vocab_dev, eval_docs, cfg, 0, log, progress)
             while step < total_steps:
                 packed = pack_epoch(docs, cfg.seq_len, cfg.seed, epoch)
                 while position < epoch_batches and step < total_steps:
