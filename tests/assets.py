@@ -182,3 +182,34 @@ def _train_assets_cache() -> Path:
 def train_assets() -> Path:
     """target/, train.jsonl, heldout.jsonl, vocab.safetensors (built once per session)."""
     return _train_assets_cache()
+
+
+def tiny_target_and_draft(directory: Path, draft_vocab_size: int = 64, seed: int = 0):
+    """A tiny random Llama target (fp32, one device) and a random draft for it whose norms are
+    perturbed (so a swapped norm shows) and whose vocab (odd ids and a few even ones) leaves
+    some target tokens out. Returns (target config, target weights, draft config, draft
+    weights, VocabArrays, mesh)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from eagle3kit.core import ttt
+    from eagle3kit.core.config import DraftConfig
+    from eagle3kit.core.draft import DraftWeights
+    from eagle3kit.core.sharding import init_weights, make_mesh
+    from eagle3kit.core.vocab import VocabMap
+    from eagle3kit.io.hf import load_target, resolve_target
+
+    tiny_hf_model("llama", directory)
+    ckpt = resolve_target(directory)
+    mesh = make_mesh("data=1,tensor=1", jax.devices()[:1])
+    tw = load_target(ckpt, mesh, jnp.float32)
+    dcfg = DraftConfig.for_target(ckpt.config, draft_vocab_size=draft_vocab_size)
+    w = init_weights(DraftWeights.abstract(dcfg), jax.random.key(seed))
+    rng = np.random.default_rng(seed)
+    for name in ("hidden_norm", "input_norm", "post_attn_norm", "final_norm"):
+        setattr(w, name, jnp.asarray(1 + 0.2 * rng.standard_normal(dcfg.hidden_size),
+                                     jnp.float32))
+    ids = np.r_[np.arange(1, 96, 2), np.arange(0, 96, 2)[: draft_vocab_size - 48]]
+    vocab = ttt.VocabArrays.from_map(VocabMap.from_ids(ids, ckpt.config.vocab_size))
+    return ckpt.config, tw, dcfg, w, vocab, mesh

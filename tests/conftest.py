@@ -26,3 +26,12 @@ def smollm2_gguf():
 @pytest.fixture(scope="session")
 def sharegpt_path():
     return assets.sharegpt_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_trained_draft():
+    """A small EAGLE3 draft trained for the real SmolLM2 on its own greedy answers to
+    MT-bench questions (tests/smollm2_draft.py): `.path`, `.draft`, `.prompts`, `.answers`."""
+    from tests import smollm2_draft
+
+    return smollm2_draft.trained_draft()

@@ -131,3 +131,22 @@ def read_token_records(path: str | os.PathLike) -> Iterator[TokenRecord]:
 def _why(e: msgspec.DecodeError) -> str:
     # msgspec says "JSON is malformed: ..." or "Expected `int`, got `str` - at `$.input_ids[3]`"
     return str(e) or "malformed JSON"
+
+
+class GenerationSample(msgspec.Struct):
+    """One answer of `eagle3kit eval --mode generate --samples FILE` (one record per turn).
+
+    `prompt_ids` are exactly the ids fed to the target (chat template, generation prompt;
+    a later turn's prompt holds the model's own earlier answers). `accept_lengths` holds the
+    draft tokens accepted at each verify step: each step emits that many plus one token of the
+    target's own, and the first generated token comes from the prefill.
+    """
+
+    id: str
+    turn: int  # 1-based turn of the conversation
+    prompt_ids: list[TokenId]
+    generated_ids: list[TokenId]  # up to and including the stop token, if one came
+    text: str  # generated_ids decoded, special tokens dropped
+    accept_lengths: list[int]
+    seconds: float  # speculative decoding of this turn (device time, compiled beforehand)
+    baseline_seconds: float  # plain decoding of the same prompt

@@ -1,0 +1,149 @@
+"""Host side of decoding: prompt buckets, ahead-of-time compilation, timing, results.
+
+Prompts are padded to power-of-two buckets, so a prompt set compiles a handful of programs.
+`Decoder.prepare` compiles the speculative and the plain loop for a bucket (by a run that stops
+after the prefill) before anything is timed; each timed call is one device program from prefill to the last token, so tokens/s
+counts the device's work and one host round trip per prompt, for both loops alike.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.metrics import expected_acceptance_length
+from eagle3kit.core.sharding import use_mesh
+from eagle3kit.core.ttt import VocabArrays
+from eagle3kit.decode.speculative import DecodeConfig, plain_generate, speculative_generate
+
+MIN_BUCKET = 64
+
+
+@dataclasses.dataclass
+class Result:
+    """One decoded prompt, on the host."""
+
+    generated_ids: list[int]  # up to and including a stop token, at most max_new_tokens
+    accept_lengths: list[int]  # draft tokens accepted per verify step (speculative only)
+    seconds: float  # wall time of the device program (compiled beforehand)
+    forwards: int  # target forwards after the prefill
+
+
+def bucket(length: int) -> int:
+    """The padded prompt length: the next power of two, at least MIN_BUCKET."""
+    return max(MIN_BUCKET, 1 << (max(length, 1) - 1).bit_length())
+
+
+@functools.cache
+def _jitted(kind: str, tcfg: TargetConfig, dcfg: DraftConfig, dec: DecodeConfig,
+            cache_len: int):
+    """One jitted loop per configuration, shared by every `Decoder` of the process, so
+    decoders of equal configs (tests, a benchmark's repeats) compile once per bucket."""
+    if kind == "speculative":
+        return jax.jit(functools.partial(speculative_generate, tcfg=tcfg, dcfg=dcfg, dec=dec,
+                                         cache_len=cache_len))
+    plain = functools.partial(plain_generate, tcfg=tcfg, dec=dec, cache_len=cache_len,
+                              aux_layer_ids=dcfg.aux_layer_ids)
+    return jax.jit(lambda target_w, draft_w, vocab, *rest: plain(target_w, *rest))
+
+
+class Decoder:
+    """Speculative and plain decoding of one target/draft pair, compiled per prompt bucket."""
+
+    def __init__(self, tcfg: TargetConfig, dcfg: DraftConfig, target_w: Any, draft_w: Any,
+                 vocab: VocabArrays, dec: DecodeConfig, stop_ids: Sequence[int], mesh: Mesh):
+        self.tcfg, self.dcfg, self.dec, self.mesh = tcfg, dcfg, dec, mesh
+        self.target_w, self.draft_w, self.vocab = target_w, draft_w, vocab
+        self.stop_ids = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
+        self._ready: set[int] = set()
+
+    def with_draft(self, draft_w: Any) -> Decoder:
+        """The same decoder (and compiled programs) with other draft weights of equal shapes."""
+        other = copy.copy(self)
+        other.draft_w = draft_w
+        return other
+
+    def cache_len(self, padded: int) -> int:
+        # every write stays inside: the last verify starts below prompt + max_new - 1 and
+        # writes K+1 tokens; a multiple of 128 keeps the attention shapes friendly
+        need = padded + self.dec.max_new_tokens + self.dec.steps + 2
+        return -(-need // 128) * 128
+
+    def _call(self, kind: str, prompt: Sequence[int], limit: int, seed: int):
+        padded = bucket(len(prompt))
+        p = np.zeros(padded, np.int32)
+        p[: len(prompt)] = prompt
+        fn = _jitted(kind, self.tcfg, self.dcfg, self.dec, self.cache_len(padded))
+        args = (self.target_w, self.draft_w, self.vocab, jnp.asarray(p),
+                jnp.int32(len(prompt)), jnp.int32(limit), self.stop_ids, jax.random.key(seed))
+        jax.block_until_ready(args)
+        with use_mesh(self.mesh):
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(fn(*args))
+        return out, time.perf_counter() - t0
+
+    def prepare(self, prompt_len: int) -> float:
+        """Compiles both loops for the bucket of `prompt_len` (a run that stops after the
+        prefill); returns the seconds it took, 0 when already done."""
+        padded = bucket(prompt_len)
+        if padded in self._ready:
+            return 0.0
+        t0 = time.perf_counter()
+        for kind in ("speculative", "plain"):
+            self._call(kind, [0] * prompt_len, 1, 0)
+        self._ready.add(padded)
+        return time.perf_counter() - t0
+
+    def _run(self, kind: str, prompt: Sequence[int], seed: int) -> Result:
+        self.prepare(len(prompt))
+        out, seconds = self._call(kind, prompt, self.dec.max_new_tokens, seed)
+        out = jax.device_get(out)
+        generated = [int(t) for t in out.tokens[len(prompt): int(out.length)]]
+        generated = _truncate(generated, set(int(s) for s in self.stop_ids),
+                              self.dec.max_new_tokens)
+        steps = int(out.verify_steps)
+        accepted = [int(a) for a in out.accepted[:steps]] if kind == "speculative" else []
+        return Result(generated, accepted, seconds, steps)
+
+    def speculative(self, prompt: Sequence[int], seed: int = 0) -> Result:
+        return self._run("speculative", prompt, seed)
+
+    def plain(self, prompt: Sequence[int], seed: int = 0) -> Result:
+        return self._run("plain", prompt, seed)
+
+
+def _truncate(ids: list[int], stops: set[int], limit: int) -> list[int]:
+    for i, t in enumerate(ids):
+        if t in stops:
+            return ids[: min(i + 1, limit)]
+    return ids[:limit]
+
+
+def acceptance_summary(accept_lengths: Iterable[Sequence[int]], steps: int) -> dict[str, Any]:
+    """Generation acceptance from the accepted draft counts of every verify step.
+
+    accept_rate[j-1] is the share of verify steps that accepted draft token j among those
+    that accepted tokens 1..j-1 (conditional, like cond_acc); tau is tokens per target
+    forward, 1 + mean accepted = 1 + sum_j prod_{i<=j} accept_rate_i.
+    """
+    a = np.asarray([x for lengths in accept_lengths for x in lengths], np.int64)
+    reached = np.asarray([(a >= j - 1).sum() for j in range(1, steps + 1)], np.float64)
+    taken = np.asarray([(a >= j).sum() for j in range(1, steps + 1)], np.float64)
+    rate = np.where(reached > 0, taken / np.maximum(reached, 1), 0.0)
+    return {
+        "tau_generate": round(expected_acceptance_length(rate), 6),
+        "accept_rate": [round(float(r), 6) for r in rate],
+        "verify_steps": int(len(a)),
+        "accept_histogram": np.bincount(a, minlength=steps + 1).tolist() if len(a) else
+        [0] * (steps + 1),
+    }

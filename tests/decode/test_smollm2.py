@@ -1,0 +1,64 @@
+"""Greedy speculative decoding of the real SmolLM2-135M-Instruct (fp32 on CPU) is lossless.
+
+The reference is a plain host loop over `core.target.forward_cached` (tests/smollm2_draft.py),
+independent of `eagle3kit.decode`. A trained draft and an untrained one must both reproduce
+it token for token; only how many tokens each verify step accepts differs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.sharding import init_weights
+from eagle3kit.core.ttt import VocabArrays
+from eagle3kit.decode.runner import Decoder, acceptance_summary
+from eagle3kit.decode.speculative import DecodeConfig
+from tests import smollm2_draft
+
+pytestmark = pytest.mark.slow
+K = 5
+
+
+@pytest.fixture(scope="module")
+def trained(smollm2_trained_draft):
+    t = smollm2_draft.smollm2()
+    d = smollm2_trained_draft
+    weights = jax.tree.map(jnp.asarray, d.draft.weights)
+    dec = DecodeConfig(steps=K, max_new_tokens=smollm2_draft.ANSWER_TOKENS)
+    return Decoder(t.cfg, d.draft.config, t.weights, weights, VocabArrays.from_map(d.draft.vocab),
+                   dec, [smollm2_draft.EOS], t.mesh), d
+
+
+def test_trained_draft_is_lossless_and_accepts_long_runs(trained):
+    decoder, d = trained
+    results = [decoder.speculative(p) for p in d.prompts]
+    for r, answer in zip(results, d.answers, strict=True):
+        assert r.generated_ids == answer
+        # the prefill gives one token, each verify step accepted + 1
+        assert 1 + sum(a + 1 for a in r.accept_lengths) >= len(answer)
+        assert all(0 <= a <= K for a in r.accept_lengths)
+    lengths = [r.accept_lengths for r in results]
+    summary = acceptance_summary(lengths, K)
+    assert summary["tau_generate"] > 2.5, summary
+    assert summary["accept_histogram"][K] > 0  # whole chains accepted, the bonus after them
+    assert summary["accept_histogram"][0] > 0  # and rejections at the first token
+
+
+def test_random_draft_is_lossless_too(trained):
+    decoder, d = trained
+    random = init_weights(DraftWeights.abstract(d.draft.config), jax.random.key(42))
+    r = decoder.with_draft(random).speculative(d.prompts[0])
+    assert r.generated_ids == d.answers[0]
+    assert acceptance_summary([r.accept_lengths], K)["tau_generate"] < 1.3
+
+
+def test_plain_decoding_loop_equals_the_reference(trained):
+    decoder, d = trained
+    r = decoder.plain(d.prompts[1])
+    assert r.generated_ids == d.answers[1]
+    assert r.forwards == len(d.answers[1]) - 1 and r.accept_lengths == []
+    assert np.isfinite(r.seconds) and r.seconds > 0

@@ -1,0 +1,158 @@
+"""A small trained EAGLE3 draft for the real SmolLM2-135M-Instruct, built once per test session.
+
+Data: the target's own greedy answers to the first MT-bench questions (self-distillation, the
+way SpecForge regenerates data) and a real ShareGPT conversation, rendered with the real chat
+template. The answers come from a plain host loop over `core.target.forward_cached`, one
+token per call: an implementation of greedy decoding independent of `eagle3kit.decode`, and
+the reference the speculative decoder is checked against.
+
+Training: the TTT loss the trainer uses (`core.ttt.rollout`), with AdamW. The target is
+frozen, so its signals are computed once instead of every step as `Trainer` does: same loss,
+a fraction of the CPU time. Trained on the answers it is later asked to reproduce, the draft
+gets long runs of tokens accepted, which exercises every acceptance length of the decoder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from eagle3kit.core import target as target_model
+from eagle3kit.core import ttt
+from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.sharding import init_weights, make_mesh
+from eagle3kit.core.vocab import VocabMap
+from eagle3kit.data.chat import render
+from eagle3kit.data.fingerprint import tokenizer_fingerprint
+from eagle3kit.data.packing import TokenDocs, pack_epoch
+from eagle3kit.data.prompts import load_prompts, prompt_ids
+from eagle3kit.data.records import TokenRecord
+from eagle3kit.io.draft_io import Draft, save_draft
+from eagle3kit.io.hf import TargetCheckpoint, load_target, resolve_target
+from tests import assets
+
+QUESTIONS = 2  # MT-bench first turns answered by the reference loop
+ANSWER_TOKENS = 40
+DRAFT_VOCAB = 1024
+TRAIN_STEPS = 24
+SHAREGPT_TOKENS = 44  # with the two answers, one packed row of SEQ_LEN
+TTT_STEPS = 3
+SEQ_LEN = 256
+EOS = 2  # <|im_end|>
+
+
+@dataclasses.dataclass
+class Smollm2:
+    """The real target on one CPU device, fp32, with its tokenizer."""
+
+    ckpt: TargetCheckpoint
+    cfg: TargetConfig
+    weights: Any
+    mesh: Any
+    tokenizer: Any
+    key: str  # tokenizer fingerprint key
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2() -> Smollm2:
+    ckpt = resolve_target(assets.smollm2_gguf())
+    mesh = make_mesh("data=1,tensor=1", jax.devices()[:1])
+    tok = assets.smollm2_tokenizer()
+    return Smollm2(ckpt, ckpt.config, load_target(ckpt, mesh, jnp.float32), mesh, tok,
+                   tokenizer_fingerprint(tok, str(assets.smollm2_gguf())).key)
+
+
+def greedy_reference(t: Smollm2, prompt: list[int], max_new: int) -> list[int]:
+    """Plain greedy decoding, one host round trip per token (until <|im_end|> or max_new)."""
+    cache = target_model.KVCache.zeros(t.cfg, 1, 256, jnp.float32)
+    step = _step_fn(t.cfg)
+    padded = np.zeros((1, 128), np.int32)
+    padded[0, : len(prompt)] = prompt
+    logits, cache = step(t.weights, jnp.asarray(padded), jnp.int32(0), cache)
+    out = [int(np.argmax(logits[0, len(prompt) - 1]))]
+    while len(out) < max_new and out[-1] != EOS:
+        logits, cache = step(t.weights, jnp.asarray([[out[-1]]], jnp.int32),
+                             jnp.int32(len(prompt) + len(out) - 1), cache)
+        out.append(int(np.argmax(logits[0, 0])))
+    return out
+
+
+@functools.cache
+def _step_fn(cfg: TargetConfig):
+    def step(w, tokens, start, cache):
+        out, cache = target_model.forward_cached(w, cfg, tokens, start, cache)
+        return target_model.logits(w, out.hidden_BxTxD), cache
+    return jax.jit(step)
+
+
+@dataclasses.dataclass
+class TrainedDraft:
+    path: Path  # eagle3kit-format draft directory
+    draft: Draft
+    prompts: list[list[int]]  # chat-templated MT-bench first turns
+    answers: list[list[int]]  # the target's greedy answers to them (the reference)
+
+
+@functools.lru_cache(maxsize=1)
+def trained_draft() -> TrainedDraft:
+    t = smollm2()
+    conversations = load_prompts("mt-bench", QUESTIONS).conversations
+    prompts = [prompt_ids(t.tokenizer, c.messages([])) for c in conversations]
+    answers = [greedy_reference(t, p, ANSWER_TOKENS) for p in prompts]
+    records = [TokenRecord(f"mt-bench-{i}", p + a, [0] * len(p) + [1] * len(a), t.key)
+               for i, (p, a) in enumerate(zip(prompts, answers, strict=True))]
+    records.append(_sharegpt_snippet(t))
+    counts = np.zeros(t.cfg.vocab_size, np.int64)
+    for r in records:
+        np.add.at(counts, np.asarray(r.input_ids)[np.asarray(r.loss_mask, bool)], 1)
+    vocab, _ = VocabMap.from_counts(counts, DRAFT_VOCAB)
+    cfg = dataclasses.replace(DraftConfig.for_target(t.cfg, DRAFT_VOCAB), intermediate_size=384)
+    weights = _train(t, cfg, vocab, TokenDocs.from_records(records, SEQ_LEN))
+    fingerprint = tokenizer_fingerprint(t.tokenizer, str(assets.smollm2_gguf()))
+    d = Draft(cfg, weights, vocab, t.cfg.name, t.ckpt.hf_config,
+              {"tokenizer": fingerprint.to_json()}, {"steps": TRAIN_STEPS})
+    path = Path(tempfile.mkdtemp(prefix="eagle3kit-smollm2-draft-")) / "draft"
+    save_draft(path, d)
+    return TrainedDraft(path, d, prompts, answers)
+
+
+def _sharegpt_snippet(t: Smollm2) -> TokenRecord:
+    """The start of the first real ShareGPT conversation whose answer begins early enough."""
+    for chat in assets.sharegpt_chats(40):
+        ids, mask = render(t.tokenizer, chat.messages)
+        if sum(mask[:SHAREGPT_TOKENS]) >= SHAREGPT_TOKENS // 3:
+            return TokenRecord(chat.id, ids[:SHAREGPT_TOKENS], mask[:SHAREGPT_TOKENS], t.key)
+    raise AssertionError("no short ShareGPT exchange among the first 40 conversations")
+
+
+def _train(t: Smollm2, cfg: DraftConfig, vocab: VocabMap, docs: TokenDocs) -> DraftWeights:
+    packed = pack_epoch(docs, SEQ_LEN, seed=0, epoch=0)
+    batch = ttt.Batch(**{k: jnp.asarray(v)
+                         for k, v in packed.batch(0, len(packed.rows)).items()})
+    va = ttt.VocabArrays.from_map(vocab)
+    sig = jax.jit(lambda w, b: ttt.target_signals(w, t.cfg, cfg, va, b))(t.weights, batch)
+    tcfg = ttt.TTTConfig(steps=TTT_STEPS, compute_dtype=jnp.float32)
+    den = ttt.valid_counts(batch, TTT_STEPS)
+    tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(3e-3, b1=0.9, b2=0.95))
+    w = init_weights(DraftWeights.abstract(cfg), jax.random.key(0))
+
+    @jax.jit
+    def step(w, opt):
+        grads, _ = jax.grad(lambda w: ttt.rollout(w, cfg, sig, batch, va, tcfg, den),
+                            has_aux=True)(w)
+        updates, opt = tx.update(grads, opt, w)
+        return optax.apply_updates(w, updates), opt
+
+    opt = tx.init(w)
+    for _ in range(TRAIN_STEPS):
+        w, opt = step(w, opt)
+    return jax.tree.map(np.asarray, w)
