@@ -64,7 +64,7 @@ def test_published_midlayer_draft_needs_its_target(target, run_final, tmp_path):
     r = convert(out, "--to", "eagle3kit", "-o", tmp_path / "imported", "--target",
                 target.directory)
     assert r.exit_code == 0, r.output
-    assert load_any_draft(tmp_path / "imported").config.aux_layer_ids == (2, 3, 3)
+    assert load_any_draft(tmp_path / "imported").config.aux_layer_ids == (2, 4, 5)
 
 
 def test_existing_output_needs_force(run_final, tmp_path):
@@ -101,7 +101,7 @@ def test_wrong_layers_for_the_target_are_refused(target, tmp_path):
     d = make_draft(target, aux_layer_ids=(0, 2, 4))
     save_draft(tmp_path / "final", d)
     r = convert(tmp_path / "final", "--to", "sglang", "-o", tmp_path / "sg")
-    assert r.exit_code == 3 and "[0] outside 1..5" in r.output
+    assert r.exit_code == 3 and "[0] outside 1..7" in r.output
     assert not (tmp_path / "sg").exists()
 
 

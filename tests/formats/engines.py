@@ -40,8 +40,11 @@ class EngineDraft:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     def aux(self, hidden_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The engine's capture: the input of layer c for each c (HF hidden_states[c])."""
-        return torch.cat([hidden_states[c] for c in self.captures], dim=-1)
+        """The engine's capture: walking the target's layers, the input of layer c (HF
+        hidden_states[c]) is appended when c is a capture layer, so the states arrive in
+        layer order, once per layer, whatever order the config lists them in."""
+        picked = [hidden_states[c] for c in range(len(hidden_states)) if c in self.captures]
+        return torch.cat(picked, dim=-1)
 
     def step(self, embeds, hidden, positions):
         """One draft step -> (logits over the target vocab (-inf off the draft vocab),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from pathlib import Path
@@ -41,8 +42,21 @@ class Target:
         return self.ckpt.config.num_layers
 
 
-def tiny_target(directory: Path, family: str = "llama") -> Target:
-    model = assets.tiny_hf_model(family, directory)
+def tiny_target(directory: Path, layers: int = 8) -> Target:
+    """assets.TINY's Llama (Llama-3 rope scaling, GQA) with 8 layers, so the default capture
+    layers 2, N//2, N-3 are distinct as they are for real targets."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.for_model(**{**copy.deepcopy(assets.TINY["llama"]),
+                                               "num_hidden_layers": layers})
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # norms start at one; perturb them so a swapped norm cannot pass
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.eval()
+    model.save_pretrained(directory, safe_serialization=True)
     return Target(directory, model, resolve_target(directory))
 
 

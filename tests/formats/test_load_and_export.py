@@ -80,6 +80,7 @@ def test_checks_run_before_anything_is_written(target, tmp_path, fmt):
         "do not fit the 3-layer target": dataclasses.replace(
             d, target_config={**tc, "num_hidden_layers": 3}),
         "vocab sizes disagree": dataclasses.replace(d, target_config={**tc, "vocab_size": 97}),
+        "repeat a layer": make_draft(target, aux_layer_ids=(2, 3, 3)),
         "hidden size": dataclasses.replace(d, target_config={**tc, "hidden_size": 64,
                                                              "head_dim": 8}),
     }
@@ -93,7 +94,7 @@ def test_checks_run_before_anything_is_written(target, tmp_path, fmt):
 
 def test_sglang_needs_layer_ids_above_zero(target, tmp_path):
     d = make_draft(target, aux_layer_ids=(0, 2, 4))  # the embeddings: vLLM can, SGLang can't
-    with pytest.raises(MismatchError, match=r"\[0\] outside 1..5"):
+    with pytest.raises(MismatchError, match=r"\[0\] outside 1..7"):
         export_draft(d, "sglang", tmp_path / "sg")
     export_draft(d, "speculators", tmp_path / "v")
 
@@ -111,4 +112,4 @@ def test_dtype_and_format_names(target, tmp_path):
 
 def test_eagle3kit_import_with_a_target_override(exports, target):
     d = load_any_draft(exports / "own", target=str(target.directory), target_name="org/x")
-    assert d.target_name == "org/x" and d.target_config["num_hidden_layers"] == 6
+    assert d.target_name == "org/x" and d.target_config["num_hidden_layers"] == 8

@@ -22,7 +22,8 @@ from tests.formats.helpers import (
 )
 
 
-@pytest.mark.parametrize("aux", [None, (1, 3, 4)], ids=["default-layers", "custom-layers"])
+@pytest.mark.parametrize("aux", [None, (5, 1, 3)], ids=["default-layers",
+                                                      "custom-unordered-layers"])
 def test_sglang_runs_the_draft_eagle3kit_trained(target, tokens, tmp_path, aux):
     d = make_draft(target, aux_layer_ids=aux)
     out = export_draft(d, "sglang", tmp_path / "sg", dtype="float32")

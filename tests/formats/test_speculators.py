@@ -20,8 +20,8 @@ from tests.formats.helpers import (
 )
 
 
-@pytest.mark.parametrize("aux,nbr", [(None, False), ((1, 3, 4), False), (None, True)],
-                         ids=["default", "custom-layers", "norm-before-residual"])
+@pytest.mark.parametrize("aux,nbr", [(None, False), ((5, 1, 3), False), (None, True)],
+                         ids=["default", "custom-unordered-layers", "norm-before-residual"])
 def test_vllm_runs_the_draft_eagle3kit_trained(target, tokens, tmp_path, aux, nbr):
     d = make_draft(target, aux_layer_ids=aux, norm_before_residual=nbr, seed=4)
     out = export_draft(d, "speculators", tmp_path / "v", dtype="float32")
@@ -102,7 +102,7 @@ def test_import_without_any_target_source(target, tmp_path):
 
 def test_import_checks_the_target(target, tmp_path):
     _, out = _foreign(target, tmp_path, eagle_aux_hidden_state_layer_ids=[2, 3, 9])
-    with pytest.raises(MismatchError, match=r"do not fit the 6-layer target.*\[9\]"):
+    with pytest.raises(MismatchError, match=r"do not fit the 8-layer target.*\[9\]"):
         load_any_draft(out, target=str(target.directory))
     other = tmp_path / "other-target"  # only config.json is read: a target with 128 tokens
     other.mkdir()
@@ -110,6 +110,12 @@ def test_import_checks_the_target(target, tmp_path):
     _, out = _foreign(target, tmp_path / "b")
     with pytest.raises(MismatchError, match="vocab sizes disagree.*target 128"):
         load_any_draft(out, target=str(other))
+
+
+def test_listed_layer_order_is_read_as_vllm_captures(target, tmp_path):
+    # vLLM appends the captured states in layer order, whatever the list says
+    _, out = _foreign(target, tmp_path, eagle_aux_hidden_state_layer_ids=[5, 1, 3])
+    assert load_any_draft(out, target=str(target.directory)).config.aux_layer_ids == (1, 3, 5)
 
 
 def test_qk_norm_and_other_flags_are_refused(target, tmp_path):

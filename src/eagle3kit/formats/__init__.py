@@ -189,6 +189,7 @@ def export_draft(draft: Draft, fmt: str, out_dir: str | os.PathLike, dtype: str 
             "the target is recorded as %r, not a Hub id: the model card gets no base_model "
             "and `vllm serve DIR` looks for the verifier there; pass --target-name ORG/MODEL",
             draft.target_name)
+    draft = common.in_layer_order(draft)
     with atomic_dir(out, force=force) as tmp:
         if fmt == "sglang":
             sglang.write(tmp, draft, dtype)

@@ -324,6 +324,23 @@ def read_sidecar(directory: str | os.PathLike) -> dict[str, Any] | None:
     return meta
 
 
+def in_layer_order(draft: Draft) -> Draft:
+    """The same draft with its capture layers ascending and fc's input blocks permuted to
+    match: engines concatenate the captured states in layer order, whatever order the config
+    lists them in."""
+    ids = draft.config.aux_layer_ids
+    if list(ids) == sorted(ids) or len(set(ids)) != len(ids):
+        return draft
+    order = np.argsort(ids)
+    fc = np.asarray(draft.weights.fc)
+    blocks = fc.reshape(len(ids), draft.config.target_hidden_size, -1)[order].reshape(fc.shape)
+    log.warning("capture layers %s written in layer order %s (fc's input blocks permuted to "
+                "match), the order engines concatenate them in", list(ids), sorted(ids))
+    return dataclasses.replace(
+        draft, config=dataclasses.replace(draft.config, aux_layer_ids=tuple(sorted(ids))),
+        weights=dataclasses.replace(draft.weights, fc=blocks))
+
+
 # ---- checks before writing ----------------------------------------------------------------
 
 
@@ -342,6 +359,10 @@ def check_exportable(draft: Draft, min_layer_id: int) -> TargetConfig:
     except InputError as e:
         raise MismatchError(f"the recorded target config is unusable: {e}") from None
     n = target.num_layers
+    if len(set(cfg.aux_layer_ids)) != len(cfg.aux_layer_ids):
+        raise MismatchError(f"capture layers {list(cfg.aux_layer_ids)} repeat a layer: SGLang "
+                            "and vLLM capture each layer once, so fc would get fewer states "
+                            "than it reads; train with distinct --aux-layers")
     if len(cfg.aux_layer_ids) != 3:
         raise MismatchError(f"the draft reads {len(cfg.aux_layer_ids)} target layers; SGLang "
                             "and vLLM feed exactly 3 to an EAGLE3 head")

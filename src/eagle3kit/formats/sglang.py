@@ -91,17 +91,18 @@ def aux_layer_ids(config_dict: dict[str, Any], target: dict[str, Any],
     eagle = config_dict.get("eagle_config") or {}
     sglang_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     hf_ids = config_dict.get("eagle_aux_hidden_state_layer_ids")
-    if sglang_ids and hf_ids and from_sglang_ids(sglang_ids) != tuple(hf_ids):
+    if sglang_ids and hf_ids and sorted(from_sglang_ids(sglang_ids)) != sorted(hf_ids):
         raise InputError(f"ambiguous capture layers: eagle_config says {sglang_ids} (SGLang, "
                          f"output of layer) but eagle_aux_hidden_state_layer_ids says {hf_ids} "
                          "(vLLM, input of layer)", path=where)
     if eagle.get("use_aux_hidden_state") is False:
         raise InputError("use_aux_hidden_state: false (an EAGLE1-style head reading one "
                          "state) is not an EAGLE3 draft", path=where)
+    # the engines capture in layer order whatever the listed order: that is what fc saw
     if sglang_ids:
-        return from_sglang_ids(sglang_ids)
+        return tuple(sorted(from_sglang_ids(sglang_ids)))
     if hf_ids:
-        return tuple(int(i) for i in hf_ids)
+        return tuple(sorted(int(i) for i in hf_ids))
     return common.default_aux_ids(target, where)
 
 

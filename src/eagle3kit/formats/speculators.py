@@ -111,7 +111,8 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
         common.log.warning("transformer_layer_config.model_type is %r; reading it as the "
                            "Llama decoder vLLM builds", layer.get("model_type"))
     ids = config_dict.get("eagle_aux_hidden_state_layer_ids")
-    ids = tuple(int(i) for i in ids) if ids else common.default_aux_ids(target, where)
+    # vLLM captures in layer order whatever the listed order: that is what fc saw
+    ids = tuple(sorted(int(i) for i in ids)) if ids else common.default_aux_ids(target, where)
     cfg = common.read_llama_fields(
         layer, where, draft_vocab_size=config_dict.get("draft_vocab_size"),
         target_hidden_size=common.fc_width(config_dict, tensors, len(ids)), aux_layer_ids=ids,
