@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 
 from eagle3kit import __version__
-from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.config import DraftConfig, RopeConfig, TargetConfig
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.errors import InputError, MismatchError
@@ -222,8 +222,6 @@ def read_llama_fields(d: dict[str, Any], where: object, *, vocab_size: int | Non
                       draft_vocab_size: int | None = None, target_hidden_size: int | None = None,
                       aux_layer_ids: tuple[int, ...], norm_before_residual: bool) -> DraftConfig:
     """DraftConfig from an engine's Llama fields; refuses what the eagle3kit head can't run."""
-    from eagle3kit.core.config import RopeConfig
-
     if int(d.get("num_hidden_layers", 1)) != 1:
         raise InputError(f"num_hidden_layers={d['num_hidden_layers']}: only one-layer EAGLE3 "
                          "drafts are supported", path=where)
