@@ -41,6 +41,16 @@ def test_reads_stdin(monkeypatch):
     assert [r.id for r in read_token_records("-")] == ["a"]
 
 
+def test_refuses_to_wait_on_a_terminal(monkeypatch):
+    class Terminal(io.TextIOWrapper):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal(io.BytesIO(b"")))
+    with pytest.raises(InputError, match="<stdin>: no input: stdin is a terminal"):
+        list(read_chat_records("-"))
+
+
 @pytest.mark.parametrize("line,match", [
     (b'{"id": "x", "input_ids": [1, 2], "loss_mask": [1]}', r"t.jsonl:2: not a token record "
      r"\(Object missing required field `tokenizer`\)"),

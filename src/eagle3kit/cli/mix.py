@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import typer
@@ -55,10 +56,16 @@ def mix(
     specs = [parse_source(s) for s in sources]
     if sum(s.location == "-" for s in specs) > 1:
         raise typer.BadParameter("stdin (-) can be read only once", param_hint="SOURCE")
+    status = console.status("reading") if console.is_terminal else contextlib.nullcontext()
+
+    def progress(report) -> None:  # a live count on a terminal only
+        if console.is_terminal:
+            status.update(f"reading {report.spec.name}: {report.read:,} records")
+
     stream, reports = run_mix(specs, n=n, seed=seed, fmt=fmt, allow_repeat=allow_repeat,
-                              skip_invalid=skip_invalid)
+                              skip_invalid=skip_invalid, progress=progress)
     written = 0
-    with open_output(None if out == "-" else Path(out), "wb") as f:
+    with status, open_output(None if out == "-" else Path(out), "wb") as f:
         for record in stream:
             f.write(encode(record))
             written += 1

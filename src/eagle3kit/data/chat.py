@@ -199,9 +199,15 @@ def mask_from_spans(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[in
     return mask
 
 
-@functools.lru_cache(maxsize=8)
 def _renderer(tokenizer: Any, chat_template: str | None, thinking: bool | None) -> Renderer:
-    return Renderer(tokenizer, chat_template=chat_template, thinking=thinking)
+    # keyed by the template in effect, so a later change of tokenizer.chat_template is seen
+    template = chat_template if chat_template is not None else tokenizer.chat_template
+    return _cached_renderer(tokenizer, template, thinking)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_renderer(tokenizer: Any, template: str | None, thinking: bool | None) -> Renderer:
+    return Renderer(tokenizer, chat_template=template, thinking=thinking)
 
 
 def render(tokenizer: Any, messages: Sequence[Any], *, chat_template: str | None = None,

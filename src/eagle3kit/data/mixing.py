@@ -21,7 +21,7 @@ import collections
 import dataclasses
 import heapq
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import msgspec
 
@@ -55,11 +55,13 @@ def quotas(weights: Sequence[float], n: int) -> list[int]:
     return counts
 
 
-def usable(reader: Reader, report: SourceReport, fmt: str, skip_invalid: bool
-           ) -> Iterator[ChatRecord]:
+def usable(reader: Reader, report: SourceReport, fmt: str, skip_invalid: bool,
+           progress: Callable[[SourceReport], None] | None = None) -> Iterator[ChatRecord]:
     """The source's normalised records that can train a draft; counts everything else."""
     for raw in reader:
         report.read += 1
+        if progress is not None and report.read % 1000 == 0:
+            progress(report)
         try:
             record = normalise(raw, fmt, report.spec.name)
         except RecordError as e:
@@ -122,9 +124,11 @@ def _repeat(chosen: list[ChatRecord], quota: int) -> list[ChatRecord]:
 
 
 def mix(specs: Sequence[SourceSpec], *, n: int | None, seed: int = 0, fmt: str = "auto",
-        allow_repeat: bool = False, skip_invalid: bool = False
+        allow_repeat: bool = False, skip_invalid: bool = False,
+        progress: Callable[[SourceReport], None] | None = None
         ) -> tuple[Iterator[ChatRecord], list[SourceReport]]:
-    """The mixed stream and the per-source reports (complete once the stream is consumed).
+    """The mixed stream and the per-source reports (complete once the stream is consumed);
+    `progress(report)` is called every 1,000 records read.
 
     Raises `InputError` for unreadable sources, invalid records (unless `skip_invalid`) and,
     with `n`, sources too small for their share (unless `allow_repeat`).
@@ -134,7 +138,8 @@ def mix(specs: Sequence[SourceSpec], *, n: int | None, seed: int = 0, fmt: str =
     reports = [SourceReport(s) for s in specs]
     weights = [s.weight for s in specs]
     if n is None:
-        streams = [usable(Reader(s), r, fmt, skip_invalid) for s, r in zip(specs, reports, strict=True)]
+        streams = [usable(Reader(s), r, fmt, skip_invalid, progress)
+                   for s, r in zip(specs, reports, strict=True)]
         return interleave(streams, weights), reports
 
     def sampled() -> Iterator[ChatRecord]:
@@ -142,7 +147,8 @@ def mix(specs: Sequence[SourceSpec], *, n: int | None, seed: int = 0, fmt: str =
         for i, (spec, report, quota) in enumerate(zip(specs, reports, quotas(weights, n), strict=True)):
             report.quota = quota
             rng = random.Random(f"eagle3kit-mix:{seed}:{i}")
-            picked, seen = sample(usable(Reader(spec), report, fmt, skip_invalid), quota, rng)
+            records = usable(Reader(spec), report, fmt, skip_invalid, progress)
+            picked, seen = sample(records, quota, rng)
             if seen == 0:
                 raise InputError("no usable records (see the counts above)",
                                  path=display_name(spec.location))

@@ -69,6 +69,9 @@ def display_name(path: str | os.PathLike) -> str:
 def open_input(path: str | os.PathLike) -> Iterator[IO[bytes]]:
     """Binary input; `-` is stdin. A missing file is an `InputError` naming it."""
     if str(path) == "-":
+        if sys.stdin.isatty():  # waiting on a keyboard is never what was meant
+            raise InputError("no input: stdin is a terminal; pass a file or pipe records in",
+                             path="<stdin>")
         yield sys.stdin.buffer
         return
     p = Path(path)
