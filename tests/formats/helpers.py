@@ -42,13 +42,14 @@ class Target:
         return self.ckpt.config.num_layers
 
 
-def tiny_target(directory: Path, layers: int = 8) -> Target:
-    """assets.TINY's Llama (Llama-3 rope scaling, GQA) with 8 layers, so the default capture
-    layers 2, N//2, N-3 are distinct as they are for real targets."""
+def tiny_target(directory: Path, family: str = "llama", layers: int = 8) -> Target:
+    """assets.TINY's model (Llama: Llama-3 rope scaling, GQA; Qwen3: q/k norms, tied
+    embeddings, head_dim 16) with 8 layers, so the default capture layers 2, N//2, N-3 are
+    distinct as they are for real targets."""
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.AutoConfig.for_model(**{**copy.deepcopy(assets.TINY["llama"]),
+    cfg = transformers.AutoConfig.for_model(**{**copy.deepcopy(assets.TINY[family]),
                                                "num_hidden_layers": layers})
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # norms start at one; perturb them so a swapped norm cannot pass

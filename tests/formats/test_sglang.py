@@ -19,6 +19,7 @@ from tests.formats.helpers import (
     engine_logits,
     jax_logits,
     make_draft,
+    tiny_target,
 )
 
 
@@ -29,6 +30,18 @@ def test_sglang_runs_the_draft_eagle3kit_trained(target, tokens, tmp_path, aux):
     out = export_draft(d, "sglang", tmp_path / "sg", dtype="float32")
     engine = engines.load_sglang(out, target.num_layers)
     assert_same_logits(engine_logits(engine, target, tokens), jax_logits(d, target, tokens))
+
+
+def test_qwen3_target_gets_a_llama_draft(tokens, tmp_path):
+    qwen3 = tiny_target(tmp_path / "qwen3", "qwen3")
+    d = make_draft(qwen3, name="Qwen/Qwen3-tiny")
+    out = export_draft(d, "sglang", tmp_path / "sg", dtype="float32")
+    cfg = json.loads((out / "config.json").read_text())
+    # the target ties its embeddings and has head_dim 16 != 32 / 4: neither may leak wrongly
+    assert cfg["model_type"] == "llama" and cfg["tie_word_embeddings"] is False
+    assert cfg["head_dim"] == 16 and cfg["rope_theta"] == 1e6
+    engine = engines.load_sglang(out, qwen3.num_layers)
+    assert_same_logits(engine_logits(engine, qwen3, tokens), jax_logits(d, qwen3, tokens))
 
 
 def test_vllm_runs_the_midlayer_export_too(target, tokens, tmp_path):
