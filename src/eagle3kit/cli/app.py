@@ -43,6 +43,8 @@ app.command("vocab-select")(vocab_select.vocab_select)
 from eagle3kit.cli import train  # noqa: E402
 
 app.command("train")(train.train)
+from eagle3kit.cli import eval as eval_cli  # noqa: E402, I001
+app.command("eval")(eval_cli.eval_cmd)
 from eagle3kit.cli import convert, push  # noqa: E402, I001
 app.command("convert")(convert.convert)
 app.command("push")(push.push)

@@ -1,0 +1,88 @@
+"""`eagle3kit eval`: acceptance of a draft, teacher-forced or by real speculative decoding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from eagle3kit.cli._common import console, example, handle_errors
+
+EXAMPLE = """
+eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
+  --data heldout.jsonl --json > tf.json
+eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
+  --prompts mt-bench --steps 7 --max-new-tokens 256 --samples samples.jsonl \\
+  --plot acceptance.png --json >> tf.json
+"""
+
+
+@handle_errors
+def eval_cmd(
+    target: str = typer.Option(..., help="Target model: HF directory, .gguf file or Hub id."),
+    draft: str = typer.Option(..., help="Draft: eagle3kit, SGLang or speculators format "
+                              "(directory or Hub id)."),
+    data: str | None = typer.Option(None, help="Token records (JSONL, - for stdin) scored "
+                                    "teacher-forced."),
+    prompts: str | None = typer.Option(None, help="Prompts to generate from: mt-bench, "
+                                       "humaneval, or a JSONL file of conversations "
+                                       "(- for stdin)."),
+    mode: str | None = typer.Option(None, help="teacher-forced or generate (default: "
+                                    "generate with --prompts, else teacher-forced)."),
+    steps: int = typer.Option(7, min=1, max=64, help="Draft tokens per step (K)."),
+    max_new_tokens: int = typer.Option(256, min=1, help="Generation: tokens per answer."),
+    temperature: float = typer.Option(0.0, min=0.0, help="Generation: 0 is greedy "
+                                      "(lossless); above 0, speculative sampling."),
+    limit: int | None = typer.Option(None, min=1, help="Generation: only the first N "
+                                     "conversations of the prompt set."),
+    samples: Path | None = typer.Option(None, help="Generation: write one JSONL record per "
+                                        "answer (ids, text, accepted lengths)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the result as one JSON "
+                                  "object on stdout."),
+    plot: Path | None = typer.Option(None, help="Write a PNG of acceptance per position "
+                                     "(needs the `plot` extra)."),
+    batch_size: int = typer.Option(8, min=1, help="Teacher-forced: packed rows per batch."),
+    seq_len: int = typer.Option(2048, min=16, help="Teacher-forced: tokens per row."),
+    mesh: str | None = typer.Option(None, help="Device mesh: data=D,tensor=T for "
+                                    "teacher-forced, tensor=T for generate (default: all "
+                                    "devices on data / one device)."),
+    dtype: str = typer.Option("bfloat16", help="Draft compute dtype: bfloat16 or float32."),
+    target_dtype: str = typer.Option("bfloat16", help="Target weights: bfloat16 or float32."),
+    attention: str = typer.Option("auto", help="Target attention kernel of the teacher-forced "
+                                  "pass: auto, xla or cudnn."),
+    seed: int = typer.Option(0, help="Seed of sampling at temperature > 0."),
+) -> None:
+    """Measure how many tokens a draft gets accepted by its target.
+
+    With --data, the trainer's own teacher-forced rollout gives acc_k (draft token k+1
+    equals the target's greedy token), cond_acc_k (given tokens 1..k were right) and the
+    estimated acceptance length tau. With --prompts, real speculative decoding runs on the
+    device next to plain decoding of the same target: tau is tokens per target forward, and
+    tokens/s of both give the speedup; the answers are then scored teacher-forced as well.
+    A table goes to stderr; --json prints the result for `eagle3kit push`.
+    """
+    from eagle3kit.jobs.eval_report import plot_acceptance, print_report, require_matplotlib
+    from eagle3kit.jobs.evaluate import EvalConfig, run
+
+    if samples is not None and str(samples) == "-" and json_out:
+        raise typer.BadParameter("stdout carries the --json result; write samples to a file",
+                                 param_hint="--samples")
+    if plot is not None:
+        require_matplotlib()  # before the work, not after an hour of decoding
+    cfg = EvalConfig(
+        target=target, draft=draft, data=data, prompts=prompts, mode=mode, steps=steps,
+        max_new_tokens=max_new_tokens, temperature=temperature, limit=limit,
+        batch_size=batch_size, seq_len=seq_len, mesh=mesh, dtype=dtype,
+        target_dtype=target_dtype, attention=attention, seed=seed,
+        samples=str(samples) if samples is not None else None)
+    result = run(cfg, console)
+    print_report(console, result)
+    if plot is not None:
+        plot_acceptance(result, plot)
+        console.print(f"plot written to {plot}")
+    if json_out:
+        typer.echo(json.dumps(result))
+
+
+eval_cmd.__doc__ = (eval_cmd.__doc__ or "") + example(EXAMPLE)

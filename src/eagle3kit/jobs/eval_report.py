@@ -1,0 +1,121 @@
+"""What `eval` shows people: progress and a table on stderr, and the acceptance plot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
+from rich.table import Table
+
+
+class Progress:
+    """A live bar on a terminal; otherwise one line every `every` items (and at the end)."""
+
+    def __init__(self, console, label: str, total: int | None = None, every: int = 10):
+        self.console, self.label, self.every = console, label, every
+        self.live = console.is_terminal
+        self._bar = RichProgress(TextColumn(f"[bold]{label}[/bold] {{task.completed}}/"
+                                            "{task.total}"), BarColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                 console=console, disable=not self.live, transient=False)
+        self._task = self._bar.add_task(label, total=total, info="compiling")
+
+    def __enter__(self):
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._bar.__exit__(*exc)
+
+    def update(self, done: int, total: int, info: str = "") -> None:
+        self._bar.update(self._task, completed=done, total=total, info=info)
+        if not self.live and (done % self.every == 0 or done == total):
+            self.console.print(f"{self.label} {done}/{total}  {info}")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def print_report(console, r: dict[str, Any]) -> None:
+    """The per-step table and the headline numbers."""
+    steps = max(len(r.get("acc", [])), len(r.get("accept_rate", [])))
+    table = Table(title=f"{r['mode']} acceptance on {r['dataset']}", title_justify="left")
+    table.add_column("draft token", justify="right")
+    table.add_column("acc_k", justify="right")
+    table.add_column("cond_acc_k", justify="right")
+    generated = "accept_rate" in r
+    if generated:
+        table.add_column("accepted in generation", justify="right")
+    for k in range(steps):
+        row = [str(k + 1), _pct(_at(r.get("acc"), k)), _pct(_at(r.get("cond_acc"), k))]
+        if generated:
+            row.append(_pct(_at(r["accept_rate"], k)))
+        table.add_row(*row)
+    console.print(table)
+    lines = [f"tau (teacher-forced estimate): {r['tau']:.3f} over {r['masked_tokens']:,} "
+             "tokens"]
+    if generated:
+        lines.append(f"tau (generation, tokens per target forward): {r['tau_generate']:.3f} "
+                     f"over {r['verify_steps']:,} verify steps, {r['prompts']} prompts")
+        lines.append(f"speculative {r['tokens_per_s_speculative']:,.1f} tok/s vs plain "
+                     f"{r['tokens_per_s_baseline']:,.1f} tok/s: [bold]{r['speedup']:.2f}x"
+                     f"[/bold] on {r['device']} (temperature {r['temperature']:g}, "
+                     f"{r['steps']} draft tokens per step)")
+    for line in lines:
+        console.print(line)
+
+
+def _at(values, k):
+    return values[k] if values and k < len(values) else None
+
+
+def require_matplotlib():
+    """matplotlib, or one clear line naming the extra that brings it."""
+    try:
+        import matplotlib
+    except ImportError:
+        from eagle3kit.errors import UserError
+
+        raise UserError("--plot needs matplotlib, which is not installed: "
+                        "pip install 'eagle3kit[plot]'") from None
+    return matplotlib
+
+
+def plot_acceptance(r: dict[str, Any], path) -> None:
+    """Two panels: acceptance of each draft position, and the chance that at least j draft
+    tokens are accepted (tau = 1 + the sum of that curve)."""
+    matplotlib = require_matplotlib()
+    matplotlib.use("Agg")  # files only; never a window
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from eagle3kit.io.atomic import atomic_path
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    k = np.arange(1, len(r["acc"]) + 1)
+    tf = "teacher-forced"
+    if len(k):
+        left.plot(k, r["cond_acc"], "o-", color="C0", label=f"{tf}, previous tokens right")
+        left.plot(k, r["acc"], "o--", color="C0", alpha=0.5, label=f"{tf}, unconditional")
+        right.plot(np.r_[0, k], np.r_[1.0, np.cumprod(r["cond_acc"])], "o-", color="C0",
+                   label=f"{tf} estimate, tau {r['tau']:.2f}")
+    if "accept_rate" in r:
+        j = np.arange(1, len(r["accept_rate"]) + 1)
+        left.plot(j, r["accept_rate"], "s-", color="C3",
+                  label=f"generation, T={r['temperature']:g}")
+        right.plot(np.r_[0, j], np.r_[1.0, np.cumprod(r["accept_rate"])], "s-", color="C3",
+                   label=f"generation, tau {r['tau_generate']:.2f}, {r['speedup']:.2f}x "
+                         "speedup")
+    left.set(title="Acceptance of each draft token", xlabel="draft token position",
+             ylabel="accepted (given the earlier ones were)", ylim=(0, 1.02))
+    right.set(title="Chance of accepting at least j draft tokens", xlabel="j",
+              ylabel="P(accepted length >= j)", ylim=(0, 1.02))
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower left", fontsize=8)
+    fig.suptitle(f"{r.get('draft', 'draft')} on {r['dataset']}", fontsize=10)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)

@@ -1,0 +1,292 @@
+"""The `eval` job: how many tokens a draft gets accepted, measured two ways.
+
+teacher-forced   the trainer's own rollout and counting (jobs/common.teacher_forced) on token
+                 records: acc_k, cond_acc_k and the estimated tau.
+generate         real speculative decoding (decode/) of a prompt set, against plain decoding
+                 of the same target in the same process: tau (tokens per target forward),
+                 per-position acceptance, tokens/s of both and the speedup. The generated
+                 answers are then scored teacher-forced too, so the estimate and the real
+                 tau are reported on the very same text.
+
+Both print one JSON object (the contract `push` renders into the model card, docs/eval.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from eagle3kit.core import draft as draft_lib
+from eagle3kit.core import ttt
+from eagle3kit.core.config import TargetConfig
+from eagle3kit.core.layers import resolve_attention
+from eagle3kit.core.optim import OptimConfig
+from eagle3kit.core.sharding import make_mesh
+from eagle3kit.core.trainer import Trainer
+from eagle3kit.data.fingerprint import Fingerprint, require_same, tokenizer_fingerprint
+from eagle3kit.data.packing import TokenDocs
+from eagle3kit.data.prompts import PromptSet, load_prompts, prompt_ids
+from eagle3kit.data.records import GenerationSample, TokenRecord, display_name, encode
+from eagle3kit.decode.runner import Decoder, acceptance_summary
+from eagle3kit.decode.speculative import DecodeConfig
+from eagle3kit.errors import InputError, MismatchError, UserError
+from eagle3kit.io.atomic import open_output
+from eagle3kit.io.draft_io import Draft
+from eagle3kit.io.hf import TargetCheckpoint, load_target, resolve_target
+from eagle3kit.jobs import common
+from eagle3kit.jobs.eval_report import Progress
+
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+MODES = ("teacher-forced", "generate")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    target: str
+    draft: str
+    data: str | None = None  # token records (teacher-forced)
+    prompts: str | None = None  # prompt set name or JSONL file (generate)
+    mode: str | None = None  # default: generate with --prompts, else teacher-forced
+    steps: int = 7
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    limit: int | None = None  # first N conversations of the prompt set
+    batch_size: int = 8  # teacher-forced rows per batch
+    seq_len: int = 2048
+    mesh: str | None = None
+    dtype: str = "bfloat16"
+    target_dtype: str = "bfloat16"
+    attention: str = "auto"
+    seed: int = 0
+    samples: str | None = None
+
+    @property
+    def resolved_mode(self) -> str:
+        return self.mode or ("generate" if self.prompts else "teacher-forced")
+
+
+def check_config(cfg: EvalConfig) -> None:
+    """Option combinations that cannot work, refused before anything is loaded."""
+    mode = cfg.resolved_mode
+    if mode not in MODES:
+        raise UserError(f"--mode {mode!r}: choose {' or '.join(MODES)}")
+    if mode == "teacher-forced":
+        if not cfg.data:
+            raise UserError("teacher-forced evaluation needs --data (token records from "
+                            "`eagle3kit tokenize`); for generation pass --prompts")
+        if cfg.prompts or cfg.samples:
+            raise UserError("--prompts and --samples belong to --mode generate")
+    else:
+        if not cfg.prompts:
+            raise UserError("--mode generate needs --prompts (mt-bench, humaneval or a JSONL "
+                            "file of conversations)")
+        if cfg.data:
+            raise UserError("--data is scored teacher-forced; run `eagle3kit eval` once per "
+                            "mode (their --json lines can go to one file for `push`)")
+    for name, value in (("--dtype", cfg.dtype), ("--target-dtype", cfg.target_dtype)):
+        if value not in DTYPES:
+            raise UserError(f"{name} {value!r}: choose {' or '.join(DTYPES)}")
+    if cfg.temperature < 0:
+        raise UserError(f"--temperature {cfg.temperature}: must be >= 0 (0 is greedy)")
+
+
+def run(cfg: EvalConfig, console) -> dict[str, Any]:
+    """Evaluates as configured; returns the result object (see the module docstring)."""
+    check_config(cfg)
+    generate = cfg.resolved_mode == "generate"
+    tokenizer, key = _tokenizer(cfg.target, required=generate)
+    ckpt = resolve_target(cfg.target)
+    tcfg = ckpt.config
+    draft = load_draft_for_target(cfg.draft, cfg.target, ckpt, key)
+    if key is None:  # a target without tokenizer files: trust the draft's record
+        if "tokenizer" not in draft.fingerprints:
+            raise UserError(f"cannot tell which tokenizer made the data: {cfg.target} has no "
+                            "tokenizer files and the draft records none")
+        key = Fingerprint.from_json(draft.fingerprints["tokenizer"]).key
+    vocab = common.fit_vocab_to_target(draft.vocab, tcfg.vocab_size, cfg.draft)
+    # read the inputs before the weights: a bad file fails in a second, not after loading 8B
+    prompts = load_prompts(cfg.prompts, cfg.limit) if generate else None
+    docs = None if generate else common.read_docs(cfg.data, key, cfg.seq_len)
+    mesh = _generation_mesh(cfg.mesh) if generate else make_mesh(cfg.mesh)
+    rows = mesh.shape["data"] if generate else cfg.batch_size
+    if rows % mesh.shape["data"]:
+        raise UserError(f"--batch-size {rows} must be a multiple of the data axis "
+                        f"({mesh.shape['data']})")
+    dtype, target_dtype = DTYPES[cfg.dtype], DTYPES[cfg.target_dtype]
+    t0 = time.perf_counter()
+    target_w = load_target(ckpt, mesh, target_dtype)
+    trainer = Trainer(tcfg, draft.config, ttt.TTTConfig(
+        cfg.steps, 0.8, dtype, resolve_attention(cfg.attention, target_dtype)),
+        OptimConfig(), mesh)
+    params = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), draft.weights),
+                            trainer.param_shardings)
+    vocab_dev = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
+    console.print(f"[bold]eval[/bold] draft {cfg.draft} on {tcfg.name} "
+                  f"({jax.device_count()} x {_device()}; weights loaded in "
+                  f"{time.perf_counter() - t0:.1f}s)")
+    base = {"draft": cfg.draft, "target": tcfg.name, "steps": cfg.steps, "device": _device()}
+    if not generate:
+        progress = Progress(console, "teacher-forced batches")
+        with progress:
+            tf = common.teacher_forced(trainer, params, target_w, vocab_dev, docs,
+                                       cfg.batch_size, cfg.seq_len, progress.update)
+        return {"mode": "teacher-forced", "dataset": display_name(cfg.data), **tf, **base}
+
+    decoder = Decoder(tcfg, draft.config, target_w, draft_lib.cast(params, dtype), vocab_dev,
+                      DecodeConfig(cfg.steps, cfg.max_new_tokens, cfg.temperature),
+                      stop_ids(tokenizer, ckpt), mesh)
+    gen, samples = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
+    # the same text, teacher-forced: the estimate next to what generation measured
+    docs = TokenDocs.from_records(
+        (TokenRecord(s.id, s.prompt_ids + s.generated_ids,
+                     [0] * len(s.prompt_ids) + [1] * len(s.generated_ids), key)
+         for s in samples), 1 << 30)
+    seq_len = -(-max(len(x) for x in docs.ids) // 128) * 128
+    tf = common.teacher_forced(trainer, params, target_w, vocab_dev, docs, rows, seq_len)
+    if cfg.samples:
+        with open_output(cfg.samples, "wb") as f:
+            for s in samples:
+                f.write(encode(s))
+    return {"mode": "generate", "dataset": prompts.name, **tf, **gen, **base,
+            "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
+
+
+def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg: TargetConfig,
+                     cfg: EvalConfig, console) -> tuple[dict[str, Any], list[GenerationSample]]:
+    """Decodes every turn speculatively and plainly; returns the summary and the samples."""
+    context = tcfg.max_position_embeddings
+    firsts = [prompt_ids(tokenizer, c.messages([])) for c in prompts.conversations]
+    for conv, ids in zip(prompts.conversations, firsts, strict=True):  # fail before compiling
+        _check_context(conv.id, 1, len(ids), cfg.max_new_tokens, context, prompts.name)
+    samples: list[GenerationSample] = []
+    spec_s = plain_s = compile_s = 0.0
+    spec_tokens = plain_tokens = identical = 0
+    progress = Progress(console, "generate turns", total=prompts.num_turns)
+    with progress:
+        for c, conv in enumerate(prompts.conversations):
+            answers: list[str] = []
+            for turn in range(len(conv.turns)):
+                ids = firsts[c] if turn == 0 else prompt_ids(tokenizer, conv.messages(answers))
+                _check_context(conv.id, turn + 1, len(ids), cfg.max_new_tokens, context,
+                               prompts.name)
+                compile_s += decoder.prepare(len(ids))
+                seed = cfg.seed + len(samples)
+                spec, plain = decoder.speculative(ids, seed), decoder.plain(ids, seed)
+                text = tokenizer.decode(spec.generated_ids, skip_special_tokens=True)
+                answers.append(text.strip())
+                samples.append(GenerationSample(conv.id, turn + 1, ids, spec.generated_ids, text,
+                                                spec.accept_lengths, round(spec.seconds, 6),
+                                                round(plain.seconds, 6)))
+                spec_s, plain_s = spec_s + spec.seconds, plain_s + plain.seconds
+                spec_tokens += len(spec.generated_ids)
+                plain_tokens += len(plain.generated_ids)
+                identical += spec.generated_ids == plain.generated_ids
+                summary = acceptance_summary([s.accept_lengths for s in samples], cfg.steps)
+                progress.update(len(samples), prompts.num_turns,
+                                f"tau {summary['tau_generate']:.2f}  "
+                                f"{spec_tokens / spec_s:,.1f} vs {plain_tokens / plain_s:,.1f} "
+                                "tok/s")
+    summary = acceptance_summary([s.accept_lengths for s in samples], cfg.steps)
+    spec_tps, plain_tps = spec_tokens / spec_s, plain_tokens / plain_s
+    if cfg.temperature == 0 and identical < len(samples):
+        # exact in fp32; in 16-bit a verify over K+1 tokens may round differently from a
+        # one-token step, and a near-tie then flips
+        console.print(f"[yellow]warning:[/yellow] {len(samples) - identical} of {len(samples)} "
+                      "greedy answers differ from plain decoding (numerics of "
+                      f"--target-dtype {cfg.target_dtype}; use float32 to check losslessness)")
+    return {**summary, "speedup": round(spec_tps / plain_tps, 4),
+            "tokens_per_s_speculative": round(spec_tps, 2),
+            "tokens_per_s_baseline": round(plain_tps, 2), "prompts": len(samples),
+            "conversations": len(prompts.conversations), "new_tokens": spec_tokens,
+            "baseline_new_tokens": plain_tokens, "identical_to_baseline": identical,
+            "compile_s": round(compile_s, 2)}, samples
+
+
+def _check_context(cid: str, turn: int, length: int, max_new: int, context: int,
+                   where: str) -> None:
+    if length + max_new > context:
+        raise InputError(f"conversation {cid!r} turn {turn}: {length} prompt tokens + "
+                         f"--max-new-tokens {max_new} exceed the target's context of {context} "
+                         "tokens; shorten the prompt or lower --max-new-tokens", path=where)
+
+
+def stop_ids(tokenizer: Any, ckpt: TargetCheckpoint) -> list[int]:
+    """Tokens that end an answer: the tokenizer's eos and every eos id of the target config
+    (Llama-3 lists <|eot_id|> and <|eom_id|> there)."""
+    ids = set()
+    for value in (tokenizer.eos_token_id, ckpt.hf_config.get("eos_token_id")):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(int(v) for v in value)
+    return sorted(ids)
+
+
+def load_draft_for_target(spec: str, target_spec: str, ckpt: TargetCheckpoint,
+                          tokenizer_key: str | None) -> Draft:
+    """A draft in any format, refused unless it was made for this target: the engines' own
+    shape checks against the actual target config, the recorded target's architecture, and
+    the tokenizer fingerprint (ids from another tokenizer are another vocabulary)."""
+    from eagle3kit.formats import load_any_draft
+    from eagle3kit.formats.common import check_exportable
+
+    try:
+        try:
+            draft = load_any_draft(spec)
+        except MismatchError:  # an engine export that does not record its target: use ours
+            draft = load_any_draft(spec, target=target_spec)
+        recorded = draft.target_config
+        check_exportable(dataclasses.replace(draft, target_config=ckpt.hf_config), 0)
+    except MismatchError as e:
+        raise MismatchError(f"the draft does not fit the target {target_spec}: {e}",
+                            path=spec) from None
+    if recorded:
+        was = TargetConfig.from_hf_config(recorded, source=spec)
+        for field in ("family", "num_layers", "hidden_size", "intermediate_size", "num_heads",
+                      "num_kv_heads", "vocab_size"):
+            if getattr(was, field) != getattr(ckpt.config, field):
+                raise MismatchError(
+                    f"the draft was trained for {draft.target_name or 'another target'} "
+                    f"({field} {getattr(was, field)}), but {target_spec} has "
+                    f"{getattr(ckpt.config, field)}", path=spec)
+    recorded_tok = draft.fingerprints.get("tokenizer")
+    if recorded_tok and tokenizer_key:
+        require_same(tokenizer_key, Fingerprint.from_json(recorded_tok).key,
+                     "the draft", spec)
+    return draft
+
+
+def _tokenizer(target: str, required: bool) -> tuple[Any, str | None]:
+    from eagle3kit.data.tokenizer import load_tokenizer
+
+    try:
+        tok = load_tokenizer(target)
+    except UserError:
+        if required:
+            raise
+        return None, None
+    return tok, tokenizer_fingerprint(tok, target).key
+
+
+def _generation_mesh(spec: str | None):
+    """Generation decodes one sequence: data=1, the target split over `tensor` devices."""
+    sizes = {"data": 1, "tensor": 1}
+    for part in (spec or "").split(","):
+        name, _, value = part.partition("=")
+        if not part.strip():
+            continue
+        if name.strip() not in sizes or not value.strip().isdigit():
+            raise UserError(f"bad --mesh {spec!r}: expected tensor=N")
+        sizes[name.strip()] = int(value)
+    if sizes["data"] != 1:
+        raise UserError("--mode generate decodes one sequence at a time: use --mesh tensor=N "
+                        "(data must be 1)")
+    return make_mesh(f"data=1,tensor={sizes['tensor']}", jax.devices()[: sizes["tensor"]])
+
+
+def _device() -> str:
+    return jax.devices()[0].device_kind
