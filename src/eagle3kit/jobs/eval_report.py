@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
@@ -41,7 +42,8 @@ def _pct(x: float | None) -> str:
 def print_report(console, r: dict[str, Any]) -> None:
     """The per-step table and the headline numbers."""
     steps = max(len(r.get("acc", [])), len(r.get("accept_rate", [])))
-    table = Table(title=f"{r['mode']} acceptance on {r['dataset']}", title_justify="left")
+    table = Table(title=f"{r['mode']} acceptance on {Path(r['dataset']).name}",
+                  title_justify="left")
     table.add_column("draft token", justify="right")
     table.add_column("acc_k", justify="right")
     table.add_column("cond_acc_k", justify="right")
@@ -90,6 +92,7 @@ def plot_acceptance(r: dict[str, Any], path) -> None:
     matplotlib.use("Agg")  # files only; never a window
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     from eagle3kit.io.atomic import atomic_path
 
@@ -109,13 +112,18 @@ def plot_acceptance(r: dict[str, Any], path) -> None:
                    label=f"generation, tau {r['tau_generate']:.2f}, {r['speedup']:.2f}x "
                          "speedup")
     left.set(title="Acceptance of each draft token", xlabel="draft token position",
-             ylabel="accepted (given the earlier ones were)", ylim=(0, 1.02))
+             ylabel="acceptance rate")
     right.set(title="Chance of accepting at least j draft tokens", xlabel="j",
-              ylabel="P(accepted length >= j)", ylim=(0, 1.02))
+              ylabel="P(accepted length >= j)")
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.legend(loc="lower left", fontsize=8)
-    fig.suptitle(f"{r.get('draft', 'draft')} on {r['dataset']}", fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(-0.02, 1.02)  # points at 0 stay visible
+    draft = Path(str(r.get("draft", "draft")).rstrip("/"))
+    name = draft.name if draft.name != "final" else f"{draft.parent.name}/final"
+    fig.suptitle(f"draft {name} with {Path(str(r.get('target', ''))).name or 'its target'} "
+                 f"on {r['dataset']}", fontsize=10)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)

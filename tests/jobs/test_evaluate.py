@@ -1,0 +1,111 @@
+"""The eval job's checks: drafts in every format are scored the same, drafts made for another
+target or tokenizer are refused, stop tokens, and the generation mesh."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from eagle3kit.cli.app import app
+from eagle3kit.core.config import DraftConfig
+from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.sharding import init_weights
+from eagle3kit.errors import MismatchError, UserError
+from eagle3kit.formats import export_draft
+from eagle3kit.io.draft_io import Draft, load_draft, read_vocab, save_draft
+from eagle3kit.io.hf import resolve_target
+from eagle3kit.jobs.evaluate import _generation_mesh, load_draft_for_target, stop_ids
+from tests import assets
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny target with SmolLM2's tokenizer, its data, and a random draft in eagle3kit's
+    format plus its SGLang (without the provenance sidecar) and speculators exports."""
+    a = assets.train_assets()
+    ckpt = resolve_target(a / "target")
+    vocab, meta = read_vocab(a / "vocab.safetensors")
+    cfg = DraftConfig.for_target(ckpt.config, vocab.draft_size)
+    w = jax.tree.map(np.asarray, init_weights(DraftWeights.abstract(cfg), jax.random.key(5)))
+    root = tmp_path_factory.mktemp("formats")
+    draft = Draft(cfg, w, vocab, str(a / "target"), ckpt.hf_config,
+                  {"tokenizer": meta["tokenizer"]})
+    save_draft(root / "eagle3kit", draft)
+    export_draft(draft, "sglang", root / "sglang", dtype="float32")
+    (root / "sglang" / "eagle3kit.json").unlink()  # as SpecForge writes it: no target record
+    export_draft(draft, "speculators", root / "speculators", dtype="float32")
+    return a, ckpt, root, draft
+
+
+def test_every_format_loads_to_the_same_draft(tiny):
+    a, ckpt, root, draft = tiny
+    for fmt in ("eagle3kit", "sglang", "speculators"):
+        got = load_draft_for_target(str(root / fmt), str(a / "target"), ckpt, None)
+        assert got.config.aux_layer_ids == draft.config.aux_layer_ids, fmt
+        for name in DraftWeights.__dataclass_fields__:
+            np.testing.assert_array_equal(getattr(got.weights, name),
+                                          getattr(draft.weights, name), err_msg=fmt)
+        np.testing.assert_array_equal(got.vocab.d2t, draft.vocab.d2t)
+
+
+def test_an_sglang_export_scores_like_the_original(tiny):
+    a, _, root, _ = tiny
+    results = []
+    for fmt in ("eagle3kit", "sglang"):
+        r = CliRunner().invoke(app, [
+            "eval", "--target", str(a / "target"), "--draft", str(root / fmt), "--data",
+            str(a / "heldout.jsonl"), "--seq-len", "256", "--steps", "2", "--json",
+            "--dtype", "float32", "--target-dtype", "float32"])
+        assert r.exit_code == 0, r.output
+        results.append({k: v for k, v in json.loads(r.stdout).items() if k != "draft"})
+    assert results[0] == results[1]
+
+
+def test_a_draft_recorded_for_another_architecture_is_refused(tiny, tmp_path):
+    a, ckpt, root, _ = tiny
+    d = load_draft(root / "eagle3kit")
+    d.target_config = {**d.target_config, "num_hidden_layers": 12}
+    save_draft(tmp_path / "d", d)
+    with pytest.raises(MismatchError, match=r"trained for .* \(num_layers 12\), but .* has 8"):
+        load_draft_for_target(str(tmp_path / "d"), str(a / "target"), ckpt, None)
+
+
+def test_a_draft_from_another_tokenizer_is_refused(tiny):
+    a, ckpt, root, draft = tiny
+    with pytest.raises(MismatchError, match="tokenizer"):
+        load_draft_for_target(str(root / "eagle3kit"), str(a / "target"), ckpt, "49152:" + "f" * 16)
+
+
+def test_a_foreign_export_without_its_target_is_checked_against_ours(tiny, tmp_path):
+    """An SGLang export records no target: it is read with ours, and a misfit still fails."""
+    _, _, root, _ = tiny
+    other = tmp_path / "other"
+    assets.tiny_hf_model("qwen2", other)  # hidden 32, vocab 96
+    shutil.copytree(root / "sglang", tmp_path / "sglang")
+    with pytest.raises(MismatchError, match="does not fit the target"):
+        load_draft_for_target(str(tmp_path / "sglang"), str(other), resolve_target(other), None)
+
+
+def test_stop_ids_join_the_tokenizer_and_the_config(tiny):
+    a, ckpt, _, _ = tiny
+    tok = assets.smollm2_tokenizer()
+    assert stop_ids(tok, ckpt) == [2]  # <|im_end|>
+    ckpt.source.config["eos_token_id"] = [0, 7]
+    try:
+        assert stop_ids(tok, ckpt) == [0, 2, 7]
+    finally:
+        ckpt.source.config["eos_token_id"] = 2
+
+
+def test_generation_mesh():
+    assert dict(_generation_mesh(None).shape) == {"data": 1, "tensor": 1}
+    assert dict(_generation_mesh("tensor=2").shape) == {"data": 1, "tensor": 2}
+    with pytest.raises(UserError, match="data must be 1"):
+        _generation_mesh("data=2,tensor=1")
+    with pytest.raises(UserError, match="bad --mesh"):
+        _generation_mesh("tensor=two")
