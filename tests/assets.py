@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import json
@@ -57,7 +58,8 @@ def tiny_hf_model(family: str, directory: Path, seed: int = 0):
     import transformers
 
     torch.manual_seed(seed)
-    cfg = transformers.AutoConfig.for_model(**TINY[family])
+    # transformers mutates nested dicts (rope_scaling): hand it a copy
+    cfg = transformers.AutoConfig.for_model(**copy.deepcopy(TINY[family]))
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # biases are zero-initialised; make them count
         for name, p in model.named_parameters():

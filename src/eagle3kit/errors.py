@@ -40,3 +40,9 @@ class TrainingDiverged(UserError):
     """The loss went non-finite; the last good checkpoint is kept (exit 5)."""
 
     exit_code = 5
+
+
+class TimeLimitReached(UserError):
+    """`train --time-limit` elapsed: checkpoint written, run resumable (exit 75, EX_TEMPFAIL)."""
+
+    exit_code = 75

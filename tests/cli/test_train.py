@@ -51,9 +51,13 @@ def test_train_resume_equals_uninterrupted(a, tmp_path):
     r = invoke(base_args(a, whole, "--max-steps", "4"))
     assert r.exit_code == 0, r.output
     first = tmp_path / "part"
-    r = invoke(base_args(a, first, "--max-steps", "2"))
+    # interrupted by the wall-clock limit after step 1 (its compilation alone takes longer)
+    r = invoke(base_args(a, first, "--max-steps", "4", "--time-limit", "1"))
+    assert r.exit_code == 75 and "--resume" in r.output, r.output
+    assert not (first / "final").exists()
+    r = invoke(base_args(a, first, "--max-steps", "2", "--resume"))  # a capped run ...
     assert r.exit_code == 0, r.output
-    r = invoke(base_args(a, first, "--max-steps", "4", "--resume"))
+    r = invoke(base_args(a, first, "--max-steps", "4", "--resume"))  # ... continued
     assert r.exit_code == 0, r.output
     assert [s for s, _ in losses(whole)] == [1, 2, 3, 4]
     assert losses(first) == losses(whole)

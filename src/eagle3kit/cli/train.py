@@ -51,6 +51,9 @@ def train(
                                          "or speculators format, directory or Hub id)."),
     resume: bool = typer.Option(False, help="Continue the run in --out from its last "
                                 "checkpoint."),
+    time_limit: float | None = typer.Option(None, min=1, help="Seconds of wall time; then "
+                                            "checkpoint and exit 75 (resume with --resume), "
+                                            "e.g. inside a batch job's time limit."),
     save_every: int = typer.Option(500, min=1, help="Checkpoint every N steps."),
     keep_checkpoints: int = typer.Option(2, min=1, help="Checkpoints kept on disk."),
     eval_every: int = typer.Option(500, min=1, help="Evaluate --eval-data every N steps."),
@@ -85,7 +88,8 @@ def train(
         batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, mesh=mesh, dtype=dtype,
         target_dtype=target_dtype, attention=attention, seed=seed, save_every=save_every,
         keep_checkpoints=keep_checkpoints, eval_every=eval_every, log_every=log_every,
-        aux_layer_ids=_parse_layers(aux_layers), init_from=init_from, resume=resume)
+        aux_layer_ids=_parse_layers(aux_layers), init_from=init_from, resume=resume,
+        time_limit=time_limit)
     run(cfg, console)
 
 

@@ -34,7 +34,13 @@ from eagle3kit.core.target import TargetWeights
 from eagle3kit.core.trainer import Trainer, put_batch
 from eagle3kit.data.fingerprint import require_same, tokenizer_fingerprint
 from eagle3kit.data.packing import pack_epoch
-from eagle3kit.errors import MismatchError, ResourceError, TrainingDiverged, UserError
+from eagle3kit.errors import (
+    MismatchError,
+    ResourceError,
+    TimeLimitReached,
+    TrainingDiverged,
+    UserError,
+)
 from eagle3kit.io import checkpoints
 from eagle3kit.io.atomic import atomic_path
 from eagle3kit.io.draft_io import Draft, save_draft
@@ -78,6 +84,7 @@ class TrainConfig:
     aux_layer_ids: tuple[int, ...] | None = None
     init_from: str | None = None
     resume: bool = False
+    time_limit: float | None = None  # seconds; then checkpoint and exit 75 (resumable)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -87,7 +94,7 @@ class TrainConfig:
 
 # fields a resumed run may change (how long, how often); everything else must match
 _RESUMABLE = {"epochs", "max_steps", "save_every", "keep_checkpoints", "eval_every",
-              "log_every", "resume", "eval_data", "mesh", "out", "attention"}
+              "log_every", "resume", "eval_data", "mesh", "out", "attention", "time_limit"}
 
 
 def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
@@ -216,6 +223,16 @@ def run(cfg: TrainConfig, console) -> Path:
                                                   or step == total_steps):
                         _evaluate(trainer, state, target_w, vocab_dev, eval_docs, cfg, step,
                                   log, progress)
+                    if (cfg.time_limit and step < total_steps
+                            and common.agree_max(int(time.time() - t_start > cfg.time_limit))):
+                        if pending is not None:
+                            _report(pending, log, progress, epoch)
+                            pending = None
+                        if last_saved != step:
+                            _save(out, state, step, epoch, position, cfg)
+                        raise TimeLimitReached(f"--time-limit reached at step {step}/"
+                                               f"{total_steps}; checkpoint saved, continue with "
+                                               "--resume")
                 if position >= epoch_batches:
                     epoch, position = epoch + 1, 0
             if pending is not None:
@@ -257,7 +274,7 @@ def _init_params(cfg: TrainConfig) -> Draft | None:
         return None
     from eagle3kit.formats import load_any_draft
 
-    return load_any_draft(cfg.init_from)
+    return load_any_draft(cfg.init_from, target=cfg.target)
 
 
 def _check_init_vocab(init: Draft, vocab, where) -> Any:

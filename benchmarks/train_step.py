@@ -1,0 +1,115 @@
+"""Throughput of one TTT training step: tokens/s, step time, achieved FLOP/s, peak memory.
+
+    python benchmarks/train_step.py --target SmolLM2-135M-Instruct.Q4_1.gguf \
+        --seq-len 2048 --batch-size 4,8 --grad-accum 2 --attention xla,cudnn
+
+Packed rows of random documents (64..2048 tokens) with real segment structure; the step is the
+same jitted function `eagle3kit train` runs. FLOPs come from XLA's cost analysis of the
+compiled step, so "TFLOP/s" is what the device actually executed per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eagle3kit.core import ttt
+from eagle3kit.core.config import DraftConfig
+from eagle3kit.core.layers import resolve_attention
+from eagle3kit.core.optim import OptimConfig
+from eagle3kit.core.sharding import make_mesh, use_mesh
+from eagle3kit.core.trainer import Trainer, put_batch
+from eagle3kit.core.vocab import VocabMap
+from eagle3kit.io.hf import load_target, resolve_target
+
+
+def packed_rows(rng, rows: int, seq_len: int, vocab: int) -> dict[str, np.ndarray]:
+    out = {k: np.zeros((rows, seq_len), np.int32) for k in
+           ("tokens", "loss_mask", "segment_ids", "positions")}
+    for r in range(rows):
+        t, seg = 0, 1
+        while t < seq_len - 64:
+            n = int(min(rng.integers(64, 2048), seq_len - t))
+            out["tokens"][r, t:t + n] = rng.integers(0, vocab, n)
+            out["loss_mask"][r, t + n // 3:t + n] = 1  # the last two thirds: "assistant"
+            out["segment_ids"][r, t:t + n] = seg
+            out["positions"][r, t:t + n] = np.arange(n)
+            t, seg = t + n, seg + 1
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch-size", default="4", help="comma-separated values to sweep")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--ttt-length", type=int, default=7)
+    p.add_argument("--draft-vocab", type=int, default=32000)
+    p.add_argument("--attention", default="auto", help="comma-separated: auto,xla,cudnn")
+    p.add_argument("--mesh", default=None)
+    p.add_argument("--steps", type=int, default=5)
+    args = p.parse_args()
+
+    ckpt = resolve_target(args.target)
+    tcfg = ckpt.config
+    mesh = make_mesh(args.mesh)
+    target_w = load_target(ckpt, mesh, jnp.bfloat16)
+    dcfg = DraftConfig.for_target(tcfg, args.draft_vocab)
+    vocab = VocabMap.from_ids(np.arange(args.draft_vocab), tcfg.vocab_size)
+    rng = np.random.default_rng(0)
+    dev = jax.devices()[0]
+    print(f"device: {jax.device_count()} x {dev.device_kind}; target {tcfg.name} "
+          f"({tcfg.num_params / 1e6:.0f}M params), draft {dcfg.num_params / 1e6:.1f}M, "
+          f"K={args.ttt_length}, T={args.seq_len}, accum={args.grad_accum}")
+    print(f"{'batch':>5} {'attn':>6} {'compile s':>9} {'step ms':>8} {'tokens/s':>10} "
+          f"{'TFLOP/s':>8} {'peak GiB':>8}")
+    for batch, attn in itertools.product([int(b) for b in args.batch_size.split(",")],
+                                         args.attention.split(",")):
+        impl = resolve_attention(attn, jnp.bfloat16)
+        trainer = Trainer(tcfg, dcfg, ttt.TTTConfig(args.ttt_length, 0.8, jnp.bfloat16, impl),
+                          OptimConfig(total_steps=100), mesh)
+        va = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
+        state = trainer.init_state(jax.random.key(0))
+        arrays = packed_rows(rng, batch * args.grad_accum, args.seq_len, tcfg.vocab_size)
+        arrays = {k: v.reshape(args.grad_accum, batch, args.seq_len) for k, v in arrays.items()}
+        tokens = int((arrays["segment_ids"] > 0).sum())
+        try:
+            t0 = time.perf_counter()
+            state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays))
+            jax.block_until_ready(m.loss)
+            compile_s = time.perf_counter() - t0
+            flops = _flops(trainer, state, target_w, va, put_batch(trainer, arrays))
+            times = []
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays))
+                jax.block_until_ready(m.loss)
+                times.append(time.perf_counter() - t0)
+        except Exception as e:  # OOM at a large batch: report and continue the sweep
+            print(f"{batch:>5} {impl:>6}  failed: {str(e).splitlines()[0][:90]}")
+            continue
+        step = float(np.median(times))
+        peak = (dev.memory_stats() or {}).get("peak_bytes_in_use", 0) / 2**30
+        tflops = f"{flops / step / 1e12:8.1f}" if flops else f"{'?':>8}"
+        print(f"{batch:>5} {impl:>6} {compile_s:9.1f} {step * 1e3:8.1f} {tokens / step:10,.0f} "
+              f"{tflops} {peak:8.1f}")
+
+
+def _flops(trainer, state, target_w, va, batch) -> float:
+    try:
+        with use_mesh(trainer.mesh):
+            cost = trainer._step.lower(state, target_w, va, batch).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        return float(cost.get("flops", 0.0))
+    except Exception:
+        return 0.0
+
+
+if __name__ == "__main__":
+    main()

