@@ -28,7 +28,10 @@ runner = CliRunner()
 
 
 def tokenize(*args, input=None):
-    return runner.invoke(app, ["tokenize", *map(str, args)], input=input,
+    # one job unless a test asks: in this (JAX-loaded) process workers are spawned, which
+    # costs seconds; the shell pipeline below runs the default (forked) workers
+    jobs = [] if "-j" in args else ["-j", "1"]
+    return runner.invoke(app, ["tokenize", *map(str, args), *jobs], input=input,
                          env={"COLUMNS": "250"})
 
 

@@ -1,4 +1,4 @@
-"""Rendering conversations with the target's own chat template, and the loss mask.
+r"""Rendering conversations with the target's own chat template, and the loss mask.
 
 The mask is 1 on exactly the tokens the target *generates* in each assistant turn: the
 assistant content and the end-of-turn token that closes it (`<|im_end|>`, `<|eot_id|>`), in

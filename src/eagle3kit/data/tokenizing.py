@@ -96,10 +96,12 @@ def _batches(lines: Iterable[tuple[int, bytes]]) -> Iterator[list[tuple[int, byt
 
 
 def _context():
-    # fork shares the loaded tokenizer for free; elsewhere it is pickled to each worker
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods and sys.platform == "linux"
-                                       else "spawn")
+    # fork shares the loaded tokenizer for free (the CLI's case), but forking a process that
+    # has loaded JAX (multithreaded) can deadlock; then, and off Linux, workers are spawned
+    # and the tokenizer is pickled to each
+    if sys.platform == "linux" and "jax" not in sys.modules:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
 
 
 def tokenize_lines(lines: Iterable[tuple[int, bytes]], job: Job, *, jobs: int = 1,
