@@ -20,7 +20,6 @@ from eagle3kit.decode.speculative import (
     accept_sampled,
     speculative_generate,
 )
-from tests import assets
 
 # ---- the rules --------------------------------------------------------------------------------
 
@@ -78,11 +77,6 @@ def test_speculative_sampling_emits_the_targets_distribution(temperature):
 
 
 # ---- the decoder on a tiny random target --------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return assets.tiny_target_and_draft(tmp_path_factory.mktemp("tiny"), seed=3)
 
 
 def test_greedy_stops_at_a_stop_token_and_at_max_new_tokens(tiny):

@@ -1,17 +1,14 @@
-"""The eval job's checks: drafts in every format are scored the same, drafts made for another
-target or tokenizer are refused, stop tokens, and the generation mesh."""
+"""The eval job's checks: drafts in every format load to the same weights, drafts made for
+another target or tokenizer are refused, stop tokens, and the generation mesh."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import jax
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from eagle3kit.cli.app import app
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.sharding import init_weights
@@ -51,19 +48,6 @@ def test_every_format_loads_to_the_same_draft(tiny):
             np.testing.assert_array_equal(getattr(got.weights, name),
                                           getattr(draft.weights, name), err_msg=fmt)
         np.testing.assert_array_equal(got.vocab.d2t, draft.vocab.d2t)
-
-
-def test_an_sglang_export_scores_like_the_original(tiny):
-    a, _, root, _ = tiny
-    results = []
-    for fmt in ("eagle3kit", "sglang"):
-        r = CliRunner().invoke(app, [
-            "eval", "--target", str(a / "target"), "--draft", str(root / fmt), "--data",
-            str(a / "heldout.jsonl"), "--seq-len", "256", "--steps", "2", "--json",
-            "--dtype", "float32", "--target-dtype", "float32"])
-        assert r.exit_code == 0, r.output
-        results.append({k: v for k, v in json.loads(r.stdout).items() if k != "draft"})
-    assert results[0] == results[1]
 
 
 def test_a_draft_recorded_for_another_architecture_is_refused(tiny, tmp_path):

@@ -26,7 +26,7 @@ from eagle3kit.core.sharding import use_mesh
 from eagle3kit.core.ttt import VocabArrays
 from eagle3kit.decode.speculative import DecodeConfig, plain_generate, speculative_generate
 
-MIN_BUCKET = 64
+MIN_BUCKET = 128  # most chat prompts: one program for all of them
 
 
 @dataclasses.dataclass
@@ -104,22 +104,28 @@ class Decoder:
         self._ready.add(padded)
         return time.perf_counter() - t0
 
-    def _run(self, kind: str, prompt: Sequence[int], seed: int) -> Result:
+    def _run(self, kind: str, prompt: Sequence[int], seed: int, limit: int | None) -> Result:
+        limit = self.dec.max_new_tokens if limit is None else limit
+        if not 1 <= limit <= self.dec.max_new_tokens:
+            raise ValueError(f"limit {limit} outside 1..{self.dec.max_new_tokens}")
         self.prepare(len(prompt))
-        out, seconds = self._call(kind, prompt, self.dec.max_new_tokens, seed)
+        out, seconds = self._call(kind, prompt, limit, seed)
         out = jax.device_get(out)
         generated = [int(t) for t in out.tokens[len(prompt): int(out.length)]]
-        generated = _truncate(generated, set(int(s) for s in self.stop_ids),
-                              self.dec.max_new_tokens)
+        generated = _truncate(generated, set(int(s) for s in self.stop_ids), limit)
         steps = int(out.verify_steps)
         accepted = [int(a) for a in out.accepted[:steps]] if kind == "speculative" else []
         return Result(generated, accepted, seconds, steps)
 
-    def speculative(self, prompt: Sequence[int], seed: int = 0) -> Result:
-        return self._run("speculative", prompt, seed)
+    def speculative(self, prompt: Sequence[int], seed: int = 0, limit: int | None = None
+                    ) -> Result:
+        """Speculative decoding of `prompt` (token ids) until a stop token or `limit` new
+        tokens (default and at most dec.max_new_tokens; the compiled program is the same)."""
+        return self._run("speculative", prompt, seed, limit)
 
-    def plain(self, prompt: Sequence[int], seed: int = 0) -> Result:
-        return self._run("plain", prompt, seed)
+    def plain(self, prompt: Sequence[int], seed: int = 0, limit: int | None = None) -> Result:
+        """Plain decoding of the target alone, as `speculative`."""
+        return self._run("plain", prompt, seed, limit)
 
 
 def _truncate(ids: list[int], stops: set[int], limit: int) -> list[int]:

@@ -1,0 +1,134 @@
+"""Speculative vs plain decoding speed of a target/draft pair on a prompt set, per draft length.
+
+For every K in --steps, decodes every turn of the prompt set twice in one process: with the
+draft (K tokens proposed per target forward) and plainly, both as one device program per
+prompt, timed after compilation (`eagle3kit.decode`). Prints a Markdown table: tau (tokens
+per target forward), tokens/s of both, the speedup, how many greedy answers were identical,
+compile time and peak device memory. `--draft random` measures the overhead floor with an
+untrained draft (tau ~ 1), before any draft is trained.
+
+GPU (the numbers to report):
+
+    python benchmarks/decode_speed.py --target meta-llama/Llama-3.1-8B-Instruct \\
+        --draft runs/llama/final --prompts mt-bench --steps 3,5,7 --max-new-tokens 256
+
+CPU (small settings, a few minutes):
+
+    python benchmarks/decode_speed.py --target SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --draft random --prompts mt-bench --limit 2 --steps 3 --max-new-tokens 32 \\
+        --dtype float32 --target-dtype float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from rich.console import Console
+
+from eagle3kit.core import draft as draft_lib
+from eagle3kit.core.config import DraftConfig
+from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.sharding import init_weights
+from eagle3kit.core.ttt import VocabArrays
+from eagle3kit.core.vocab import VocabMap
+from eagle3kit.data.fingerprint import tokenizer_fingerprint
+from eagle3kit.data.prompts import load_prompts
+from eagle3kit.data.tokenizer import load_tokenizer
+from eagle3kit.decode.runner import Decoder
+from eagle3kit.decode.speculative import DecodeConfig
+from eagle3kit.io.draft_io import Draft
+from eagle3kit.io.hf import load_target, resolve_target
+from eagle3kit.jobs import common
+from eagle3kit.jobs.evaluate import (
+    DTYPES,
+    EvalConfig,
+    _generation_mesh,
+    generate_samples,
+    load_draft_for_target,
+    stop_ids,
+)
+
+
+def random_draft(ckpt, vocab_size: int) -> Draft:
+    """An untrained draft over the lowest `vocab_size` ids: tau ~ 1, the cost floor."""
+    cfg = DraftConfig.for_target(ckpt.config, vocab_size)
+    w = init_weights(DraftWeights.abstract(cfg), jax.random.key(0))
+    return Draft(cfg, w, VocabMap.from_ids(np.arange(vocab_size), ckpt.config.vocab_size))
+
+
+def peak_memory_gb() -> float | None:
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 1e9
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True, help="a draft directory or Hub id, or `random`")
+    p.add_argument("--prompts", default="mt-bench")
+    p.add_argument("--limit", type=int, default=None, help="first N conversations")
+    p.add_argument("--steps", default="3,5,7", help="draft lengths K to compare")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--target-dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--mesh", default=None, help="tensor=N to split the target")
+    p.add_argument("--random-vocab", type=int, default=32000)
+    p.add_argument("--json", action="store_true", help="also print one JSON line per K")
+    args = p.parse_args()
+    console = Console(stderr=True)
+
+    t0 = time.perf_counter()
+    tokenizer = load_tokenizer(args.target)
+    ckpt = resolve_target(args.target)
+    tcfg = ckpt.config
+    key = tokenizer_fingerprint(tokenizer, args.target).key
+    draft = (random_draft(ckpt, min(args.random_vocab, tcfg.vocab_size))
+             if args.draft == "random" else
+             load_draft_for_target(args.draft, args.target, ckpt, key))
+    mesh = _generation_mesh(args.mesh)
+    target_w = load_target(ckpt, mesh, DTYPES[args.target_dtype])
+    vocab = VocabArrays.from_map(common.fit_vocab_to_target(draft.vocab, tcfg.vocab_size,
+                                                            args.draft))
+    weights = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), draft.weights)
+    draft_w = draft_lib.cast(weights, DTYPES[args.dtype])
+    prompts = load_prompts(args.prompts, args.limit)
+    stops = stop_ids(tokenizer, ckpt)
+    console.print(f"loaded in {time.perf_counter() - t0:.1f}s; {prompts.num_turns} turns of "
+                  f"{prompts.name} on {jax.device_count()} x {jax.devices()[0].device_kind}")
+
+    rows = []
+    for k in (int(x) for x in args.steps.split(",")):
+        dec = DecodeConfig(k, args.max_new_tokens, args.temperature)
+        decoder = Decoder(tcfg, draft.config, target_w, draft_w, vocab, dec, stops, mesh)
+        cfg = EvalConfig(target=args.target, draft=args.draft, prompts=args.prompts, steps=k,
+                         max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                         target_dtype=args.target_dtype)
+        summary, _ = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
+        rows.append({"steps": k, **summary, "peak_memory_gb": peak_memory_gb()})
+
+    print(f"\n{tcfg.name} + {args.draft} on {prompts.name} ({prompts.num_turns} turns), "
+          f"{jax.devices()[0].device_kind}, target {args.target_dtype}, draft {args.dtype}, "
+          f"T={args.temperature:g}, max {args.max_new_tokens} new tokens, jax {jax.__version__}, "
+          f"python {platform.python_version()}\n")
+    print("| K | tau | spec tok/s | plain tok/s | speedup | identical | compile s | peak GB |")
+    print("|---|-----|-----------|-------------|---------|-----------|-----------|---------|")
+    for r in rows:
+        mem = "-" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']:.1f}"
+        print(f"| {r['steps']} | {r['tau_generate']:.2f} | {r['tokens_per_s_speculative']:.1f} "
+              f"| {r['tokens_per_s_baseline']:.1f} | {r['speedup']:.2f}x "
+              f"| {r['identical_to_baseline']}/{r['prompts']} | {r['compile_s']:.0f} | {mem} |")
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+
+
+if __name__ == "__main__":
+    main()
