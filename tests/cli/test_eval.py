@@ -99,6 +99,27 @@ def test_teacher_forced_from_a_file_and_from_stdin_in_any_draft_format(tiny, tmp
     assert same == result
 
 
+def test_teacher_forced_equals_what_train_logs_for_its_final_weights(tiny, tmp_path):
+    """`train --eval-data` and `eval --data` are one implementation: same weights, data and
+    batch layout give the same numbers."""
+    a, _ = tiny
+    shape = ["--seq-len", 128, "--batch-size", 4, "--mesh", "data=4,tensor=2", *FP32]
+    r = invoke(["train", "--target", a / "target", "--data", a / "train.jsonl",
+                "--vocab", a / "vocab.safetensors", "--out", tmp_path / "run",
+                "--eval-data", a / "heldout.jsonl", "--ttt-length", 3, "--max-steps", 2,
+                "--lr", "1e-3", *shape])
+    assert r.exit_code == 0, r.output
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    final = [x for x in logged if x.get("eval")][-1]
+    assert final["step"] == 2
+    r = invoke(["eval", "--target", a / "target", "--draft", tmp_path / "run" / "final",
+                "--data", a / "heldout.jsonl", "--steps", 3, "--json", *shape])
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout)
+    for key in ("acc", "cond_acc", "tau", "ce", "masked_tokens"):
+        assert result[key] == final[key], key
+
+
 def test_generate_from_a_prompt_file_with_samples_and_plot(tiny, tmp_path):
     a, draft = tiny
     prompts = tmp_path / "prompts.jsonl"
