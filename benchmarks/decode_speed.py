@@ -122,9 +122,11 @@ def main() -> None:
     print("|---|-----|-----------|-------------|---------|-----------|-----------|---------|")
     for r in rows:
         mem = "-" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']:.1f}"
+        same = ("-" if r["identical_to_baseline"] is None
+                else f"{r['identical_to_baseline']}/{r['prompts']}")
         print(f"| {r['steps']} | {r['tau_generate']:.2f} | {r['tokens_per_s_speculative']:.1f} "
               f"| {r['tokens_per_s_baseline']:.1f} | {r['speedup']:.2f}x "
-              f"| {r['identical_to_baseline']}/{r['prompts']} | {r['compile_s']:.0f} | {mem} |")
+              f"| {same} | {r['compile_s']:.0f} | {mem} |")
     if args.json:
         for r in rows:
             print(json.dumps(r))

@@ -99,6 +99,13 @@ def accept_sampled(key: jax.Array, target_logits_JxV: jax.Array, draft_probs_KxV
 # ---- the loops ------------------------------------------------------------------------------
 
 
+def _logits(target_w: target.TargetWeights, hidden_1xTxD: jax.Array) -> jax.Array:
+    """[T, V] target logits, accumulated and returned in fp32 for both loops alike: 16-bit
+    logits tie often at the top, and sampling wants fp32 probabilities anyway."""
+    return jnp.einsum("btd,dv->btv", hidden_1xTxD, target.lm_head_weight(target_w),
+                      preferred_element_type=jnp.float32)[0]
+
+
 def _prefill(target_w, tcfg: TargetConfig, aux_ids, prompt_P, prompt_len, cache_len, key,
              temperature):
     """Target forward over the padded prompt -> (output, cache, first generated token)."""
@@ -106,7 +113,7 @@ def _prefill(target_w, tcfg: TargetConfig, aux_ids, prompt_P, prompt_len, cache_
     out, cache = target.forward_cached(target_w, tcfg, prompt_P[None], jnp.int32(0), cache,
                                        aux_ids)
     last = jax.lax.dynamic_slice_in_dim(out.hidden_BxTxD, prompt_len - 1, 1, axis=1)
-    first, _ = pick(target.logits(target_w, last)[0, 0], key, temperature)
+    first, _ = pick(_logits(target_w, last)[0], key, temperature)
     return out, cache, first
 
 
@@ -169,7 +176,7 @@ def speculative_generate(target_w: target.TargetWeights, draft_w: draft.DraftWei
         verify = jnp.concatenate([tokens[n][None], ids])
         out, tcache = target.forward_cached(target_w, tcfg, verify[None], n, tcache,
                                             dcfg.aux_layer_ids)
-        logits = target.logits(target_w, out.hidden_BxTxD)[0]
+        logits = _logits(target_w, out.hidden_BxTxD)
         if dec.temperature == 0:
             a, bonus = accept_greedy(logits, ids)
         else:
@@ -207,8 +214,8 @@ def plain_generate(target_w: target.TargetWeights, prompt_P: jax.Array, prompt_l
         cache, tokens, n, it, _ = state
         out, cache = target.forward_cached(target_w, tcfg, tokens[n][None, None], n, cache,
                                            aux_layer_ids)
-        token, _ = pick(target.logits(target_w, out.hidden_BxTxD)[0, 0],
-                        jax.random.fold_in(key, it), dec.temperature)
+        token, _ = pick(_logits(target_w, out.hidden_BxTxD)[0], jax.random.fold_in(key, it),
+                        dec.temperature)
         tokens = tokens.at[n + 1].set(token)
         done = _stopped(token[None], 1, stop_ids) | (n + 2 - m >= limit)
         return cache, tokens, n + 1, it + 1, done

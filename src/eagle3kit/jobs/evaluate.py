@@ -31,7 +31,7 @@ from eagle3kit.data.fingerprint import Fingerprint, require_same, tokenizer_fing
 from eagle3kit.data.packing import TokenDocs
 from eagle3kit.data.prompts import PromptSet, load_prompts, prompt_ids
 from eagle3kit.data.records import GenerationSample, TokenRecord, display_name, encode
-from eagle3kit.decode.runner import Decoder, acceptance_summary
+from eagle3kit.decode.runner import Decoder, acceptance_summary, bucket
 from eagle3kit.decode.speculative import DecodeConfig
 from eagle3kit.errors import InputError, MismatchError, UserError
 from eagle3kit.io.atomic import open_output
@@ -173,7 +173,11 @@ def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg:
                 ids = firsts[c] if turn == 0 else prompt_ids(tokenizer, conv.messages(answers))
                 _check_context(conv.id, turn + 1, len(ids), cfg.max_new_tokens, context,
                                prompts.name)
-                compile_s += decoder.prepare(len(ids))
+                seconds = decoder.prepare(len(ids))
+                if seconds:
+                    console.print(f"compiled the decoding loops for prompts of up to "
+                                  f"{bucket(len(ids))} tokens in {seconds:.1f}s")
+                compile_s += seconds
                 seed = cfg.seed + len(samples)
                 spec, plain = decoder.speculative(ids, seed), decoder.plain(ids, seed)
                 text = tokenizer.decode(spec.generated_ids, skip_special_tokens=True)
@@ -202,7 +206,9 @@ def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg:
             "tokens_per_s_speculative": round(spec_tps, 2),
             "tokens_per_s_baseline": round(plain_tps, 2), "prompts": len(samples),
             "conversations": len(prompts.conversations), "new_tokens": spec_tokens,
-            "baseline_new_tokens": plain_tokens, "identical_to_baseline": identical,
+            "baseline_new_tokens": plain_tokens,
+            # sampled answers differ by chance; only greedy ones must be identical
+            "identical_to_baseline": identical if cfg.temperature == 0 else None,
             "compile_s": round(compile_s, 2)}, samples
 
 
@@ -237,7 +243,9 @@ def load_draft_for_target(spec: str, target_spec: str, ckpt: TargetCheckpoint,
     try:
         try:
             draft = load_any_draft(spec)
-        except MismatchError:  # an engine export that does not record its target: use ours
+        except (MismatchError, InputError):
+            # an engine export that does not record its target, or names one that cannot be
+            # fetched (offline): read it with ours
             draft = load_any_draft(spec, target=target_spec)
         recorded = draft.target_config
         check_exportable(dataclasses.replace(draft, target_config=ckpt.hf_config), 0)
