@@ -48,8 +48,8 @@ from eagle3kit.jobs import common
 from eagle3kit.jobs.evaluate import (
     DTYPES,
     EvalConfig,
-    _generation_mesh,
     generate_samples,
+    generation_mesh,
     load_draft_for_target,
     stop_ids,
 )
@@ -93,7 +93,7 @@ def main() -> None:
     draft = (random_draft(ckpt, min(args.random_vocab, tcfg.vocab_size))
              if args.draft == "random" else
              load_draft_for_target(args.draft, args.target, ckpt, key))
-    mesh = _generation_mesh(args.mesh)
+    mesh = generation_mesh(args.mesh)
     target_w = load_target(ckpt, mesh, DTYPES[args.target_dtype])
     vocab = VocabArrays.from_map(common.fit_vocab_to_target(draft.vocab, tcfg.vocab_size,
                                                             args.draft))

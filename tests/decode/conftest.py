@@ -8,6 +8,12 @@ from tests import assets
 
 
 @pytest.fixture(scope="session")
-def tiny(tmp_path_factory):
+def tiny_dir(tmp_path_factory):
+    """Where the tiny target's HF checkpoint lives."""
+    return tmp_path_factory.mktemp("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_dir):
     """(target config, target weights, draft config, draft weights, VocabArrays, mesh)."""
-    return assets.tiny_target_and_draft(tmp_path_factory.mktemp("tiny"), seed=1)
+    return assets.tiny_target_and_draft(tiny_dir, seed=1)

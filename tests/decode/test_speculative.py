@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
 from eagle3kit.core import target
 from eagle3kit.decode.runner import Decoder, acceptance_summary, bucket
@@ -20,6 +21,8 @@ from eagle3kit.decode.speculative import (
     accept_sampled,
     speculative_generate,
 )
+from eagle3kit.io.hf import load_target, resolve_target
+from eagle3kit.jobs.evaluate import generation_mesh
 
 # ---- the rules --------------------------------------------------------------------------------
 
@@ -124,3 +127,19 @@ def test_sampling_through_the_decoder_follows_the_target(tiny):
     p2 = p1 @ probs(np.c_[np.tile(prompt, (96, 1)), np.arange(96)])  # sum_x1 p(x1) p(x2|x1)
     _assert_distributed(tokens[:, 0], p1, "first token (prefill)")
     _assert_distributed(tokens[:, 1], p2, "second token (first verify step)")
+
+
+def test_a_tensor_parallel_target_decodes_the_same(tiny, tiny_dir):
+    """`--mesh tensor=2`: the target's heads split over two devices, the same tokens."""
+    tcfg, tw, dcfg, w, vocab, mesh = tiny
+    split = generation_mesh("tensor=2")
+    replicated = NamedSharding(split, PartitionSpec())
+    tw2 = load_target(resolve_target(tiny_dir), split, jnp.float32)
+    assert tw2.layers.q.sharding.spec[2] == "tensor"
+    dec = DecodeConfig(steps=3, max_new_tokens=16)
+    prompt = [int(x) for x in np.random.default_rng(8).integers(0, 96, 11)]
+    one = Decoder(tcfg, dcfg, tw, w, vocab, dec, [], mesh).speculative(prompt)
+    two = Decoder(tcfg, dcfg, tw2, jax.device_put(w, replicated),
+                  jax.device_put(vocab, replicated), dec, [], split)
+    assert two.speculative(prompt).generated_ids == one.generated_ids
+    assert two.plain(prompt).generated_ids == one.generated_ids

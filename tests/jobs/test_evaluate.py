@@ -16,7 +16,7 @@ from eagle3kit.errors import MismatchError, UserError
 from eagle3kit.formats import export_draft
 from eagle3kit.io.draft_io import Draft, load_draft, read_vocab, save_draft
 from eagle3kit.io.hf import resolve_target
-from eagle3kit.jobs.evaluate import _generation_mesh, load_draft_for_target, stop_ids
+from eagle3kit.jobs.evaluate import generation_mesh, load_draft_for_target, stop_ids
 from tests import assets
 
 
@@ -86,10 +86,10 @@ def test_stop_ids_join_the_tokenizer_and_the_config(tiny):
         ckpt.source.config["eos_token_id"] = 2
 
 
-def test_generation_mesh():
-    assert dict(_generation_mesh(None).shape) == {"data": 1, "tensor": 1}
-    assert dict(_generation_mesh("tensor=2").shape) == {"data": 1, "tensor": 2}
+def testgeneration_mesh():
+    assert dict(generation_mesh(None).shape) == {"data": 1, "tensor": 1}
+    assert dict(generation_mesh("tensor=2").shape) == {"data": 1, "tensor": 2}
     with pytest.raises(UserError, match="data must be 1"):
-        _generation_mesh("data=2,tensor=1")
+        generation_mesh("data=2,tensor=1")
     with pytest.raises(UserError, match="bad --mesh"):
-        _generation_mesh("tensor=two")
+        generation_mesh("tensor=two")

@@ -111,7 +111,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     # read the inputs before the weights: a bad file fails in a second, not after loading 8B
     prompts = load_prompts(cfg.prompts, cfg.limit) if generate else None
     docs = None if generate else common.read_docs(cfg.data, key, cfg.seq_len)
-    mesh = _generation_mesh(cfg.mesh) if generate else make_mesh(cfg.mesh)
+    mesh = generation_mesh(cfg.mesh) if generate else make_mesh(cfg.mesh)
     rows = mesh.shape["data"] if generate else cfg.batch_size
     if rows % mesh.shape["data"]:
         raise UserError(f"--batch-size {rows} must be a multiple of the data axis "
@@ -280,7 +280,7 @@ def _tokenizer(target: str, required: bool) -> tuple[Any, str | None]:
     return tok, tokenizer_fingerprint(tok, target).key
 
 
-def _generation_mesh(spec: str | None):
+def generation_mesh(spec: str | None):
     """Generation decodes one sequence: data=1, the target split over `tensor` devices."""
     sizes = {"data": 1, "tensor": 1}
     for part in (spec or "").split(","):
