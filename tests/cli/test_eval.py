@@ -267,4 +267,10 @@ def test_mt_bench_on_real_smollm2_reproduces_greedy_decoding(smollm2_trained_dra
     assert records[0]["generated_ids"] == d.answers[0]
     assert result["identical_to_baseline"] == 2
     assert result["tau_generate"] > 2.0 and result["tau"] > 1.5
+    # the summary is exactly what the written accepted lengths add up to
+    steps = np.asarray([a for s in records for a in s["accept_lengths"]])
+    assert result["tau_generate"] == pytest.approx((steps + 1).mean(), abs=1e-6)
+    assert result["accept_rate"] == pytest.approx(
+        [(steps >= j).sum() / (steps >= j - 1).sum() for j in range(1, 6)], abs=1e-6)
+    assert result["accept_histogram"] == np.bincount(steps, minlength=6).tolist()
     assert result["speedup"] > 0 and result["device"] == "cpu"

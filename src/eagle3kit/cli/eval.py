@@ -11,10 +11,10 @@ from eagle3kit.cli._common import console, example, handle_errors
 
 EXAMPLE = """
 eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
-  --data heldout.jsonl --json > tf.json
+  --data heldout.jsonl --json > evals.jsonl
 eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
   --prompts mt-bench --steps 7 --max-new-tokens 256 --samples samples.jsonl \\
-  --plot acceptance.png --json >> tf.json
+  --plot acceptance.png --json >> evals.jsonl
 """
 
 
