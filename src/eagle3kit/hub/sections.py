@@ -26,7 +26,7 @@ _FOLDED = {"epochs", "lr", "batch_size", "seq_len", "grad_accum", "ttt_length", 
            "clip_norm", "min_lr_ratio", "decay", "target_dtype", "eval_data", "init_from"}
 _OPERATIONAL = {"out", "vocab", "target", "resume", "save_every", "keep_checkpoints",
                 "log_every", "eval_every", "attention", "max_steps", "aux_layer_ids",
-                "coordinator", "num_processes", "process_id"}
+                "coordinator", "num_processes", "process_id", "time_limit"}
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
@@ -159,7 +159,10 @@ def training(c: CardInputs) -> str:
 
 
 def _eval_title(e: EvalResult) -> str:
-    return f"{e.dataset or 'unnamed data'} ({e.mode})"
+    name = e.dataset or "unnamed data"
+    if "/" in name and not name.startswith("hf:"):
+        name = name.rsplit("/", 1)[-1]  # a local path says nothing to the card's reader
+    return f"{name} ({e.mode})"
 
 
 def performance(c: CardInputs) -> str:

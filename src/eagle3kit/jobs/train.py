@@ -186,7 +186,8 @@ def run(cfg: TrainConfig, console) -> Path:
     target_w = load_target(ckpt, mesh, DTYPES[cfg.target_dtype])
     vocab_dev = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
 
-    state, step, epoch, position = _initial_state(cfg, trainer, out, init)
+    state, step, epoch, position, elapsed_before = _initial_state(cfg, trainer, out, init)
+    t_segment = time.time()  # wall time of earlier (resumed) segments is in elapsed_before
     console.print(f"[bold]train[/bold] {tcfg.name}: {len(docs):,} records "
                   f"({docs.num_tokens:,} tokens, {docs.truncated} truncated), "
                   f"{epoch_batches} steps/epoch x {cfg.epochs} epochs = {planned_steps} steps"
@@ -217,7 +218,8 @@ def run(cfg: TrainConfig, console) -> Path:
                     if step % cfg.save_every == 0 or step == total_steps:
                         _report(pending, log, progress, epoch)
                         pending = None
-                        _save(out, state, step, epoch, position, cfg)
+                        _save(out, state, step, epoch, position, cfg,
+                              elapsed_before + time.time() - t_segment)
                         last_saved = step
                     if eval_docs is not None and (step % cfg.eval_every == 0
                                                   or step == total_steps):
@@ -229,7 +231,8 @@ def run(cfg: TrainConfig, console) -> Path:
                             _report(pending, log, progress, epoch)
                             pending = None
                         if last_saved != step:
-                            _save(out, state, step, epoch, position, cfg)
+                            _save(out, state, step, epoch, position, cfg,
+                                  elapsed_before + time.time() - t_segment)
                         raise TimeLimitReached(f"--time-limit reached at step {step}/"
                                                f"{total_steps}; checkpoint saved, continue with "
                                                "--resume")
@@ -246,14 +249,15 @@ def run(cfg: TrainConfig, console) -> Path:
             log.close()
     final = out / "final"
     if jax.process_index() == 0:
-        training = {**cfg.to_json(), "steps": step, "wall_time_s": round(time.time() - t_start),
+        wall = elapsed_before + time.time() - t_segment
+        training = {**cfg.to_json(), "steps": step, "wall_time_s": round(wall),
                     "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind,
                     "data_records": len(docs) * jax.process_count(),
                     "data_tokens": docs.num_tokens * jax.process_count(),
                     "mesh": f"data={mesh.shape['data']},tensor={mesh.shape['tensor']}"}
         save_draft(final, Draft(dcfg, state.params, vocab, tcfg.name, ckpt.hf_config,
                                 fingerprints, training), force=True)
-        console.print(f"[green]done[/green]: {step} steps in {time.time() - t_start:.0f}s; "
+        console.print(f"[green]done[/green]: {step} steps in {wall:.0f}s; "
                       f"draft written to {final}")
     return final
 
@@ -290,9 +294,10 @@ def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | 
         abstract = trainer.abstract_state()
         values, meta = checkpoints.load(existing[-1], abstract)
         state = jax.device_put(values, trainer.state_shardings)
-        return state, int(meta["step"]), int(meta["epoch"]), int(meta["position"])
+        return (state, int(meta["step"]), int(meta["epoch"]), int(meta["position"]),
+                float(meta.get("elapsed_s", 0.0)))
     params = init.weights if init else None
-    return trainer.init_state(jax.random.key(cfg.seed), params), 0, 0, 0
+    return trainer.init_state(jax.random.key(cfg.seed), params), 0, 0, 0, 0.0
 
 
 def _step(trainer, state, target_w, vocab_dev, batch, cfg):
@@ -324,10 +329,11 @@ def _report(pending, log, progress, epoch) -> None:
         log.flush()
 
 
-def _save(out, state, step, epoch, position, cfg) -> None:
+def _save(out, state, step, epoch, position, cfg, elapsed_s: float) -> None:
     if jax.process_index() == 0:
         checkpoints.save(out, state, {"step": step, "epoch": epoch, "position": position,
-                                      "seed": cfg.seed}, keep=cfg.keep_checkpoints)
+                                      "seed": cfg.seed, "elapsed_s": round(elapsed_s, 1)},
+                         keep=cfg.keep_checkpoints)
 
 
 def _evaluate(trainer, state, target_w, vocab_dev, docs, cfg, step, log, progress) -> None:
