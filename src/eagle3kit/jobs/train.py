@@ -164,12 +164,12 @@ def run(cfg: TrainConfig, console) -> Path:
         raise UserError(f"--batch-size {rows} must be a multiple of the data axis "
                         f"({mesh.shape['data']}); rows are split over data-parallel devices")
     shardings(TargetWeights.abstract(tcfg), mesh)  # a mesh that cannot split the heads: now
-    out = _prepare_run_dir(cfg, fingerprints)
     init = _init_params(cfg)
     dcfg = init.config if init else DraftConfig.for_target(tcfg, vocab.draft_size,
                                                           cfg.aux_layer_ids)
     if init:
         vocab = _check_init_vocab(init, vocab, cfg.init_from)
+    out = _prepare_run_dir(cfg, fingerprints)  # only once every check has passed
     per_process_rows = rows * cfg.grad_accum // jax.process_count()
     epoch_batches = common.agree_max(
         -(-len(pack_epoch(docs, cfg.seq_len, cfg.seed, 0).rows) // per_process_rows))
@@ -199,6 +199,17 @@ def run(cfg: TrainConfig, console) -> Path:
     progress = TrainProgress(console, total_steps, start=step, log_every=cfg.log_every)
     pending = None
     last_saved = step
+
+    def checkpoint() -> None:  # report the step still in flight first: its loss may be NaN
+        nonlocal pending, last_saved
+        if pending is not None:
+            _report(pending, log, progress, epoch)
+            pending = None
+        if last_saved != step:
+            _save(out, state, step, epoch, position, cfg,
+                  elapsed_before + time.time() - t_segment)
+            last_saved = step
+
     try:
         with progress:
             if eval_docs is not None and step == 0:  # the starting point, for comparison
@@ -216,23 +227,14 @@ def run(cfg: TrainConfig, console) -> Path:
                         _report(pending, log, progress, epoch)
                     pending = (step, metrics, time.time())
                     if step % cfg.save_every == 0 or step == total_steps:
-                        _report(pending, log, progress, epoch)
-                        pending = None
-                        _save(out, state, step, epoch, position, cfg,
-                              elapsed_before + time.time() - t_segment)
-                        last_saved = step
+                        checkpoint()
                     if eval_docs is not None and (step % cfg.eval_every == 0
                                                   or step == total_steps):
                         _evaluate(trainer, state, target_w, vocab_dev, eval_docs, cfg, step,
                                   log, progress)
                     if (cfg.time_limit and step < total_steps
                             and common.agree_max(int(time.time() - t_start > cfg.time_limit))):
-                        if pending is not None:
-                            _report(pending, log, progress, epoch)
-                            pending = None
-                        if last_saved != step:
-                            _save(out, state, step, epoch, position, cfg,
-                                  elapsed_before + time.time() - t_segment)
+                        checkpoint()
                         raise TimeLimitReached(f"--time-limit reached at step {step}/"
                                                f"{total_steps}; checkpoint saved, continue with "
                                                "--resume")
