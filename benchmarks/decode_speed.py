@@ -45,14 +45,8 @@ from eagle3kit.decode.speculative import DecodeConfig
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import load_target, resolve_target
 from eagle3kit.jobs import common
-from eagle3kit.jobs.evaluate import (
-    DTYPES,
-    EvalConfig,
-    generate_samples,
-    generation_mesh,
-    load_draft_for_target,
-    stop_ids,
-)
+from eagle3kit.jobs.common import DTYPES, load_draft_for_target
+from eagle3kit.jobs.evaluate import EvalConfig, generate_samples, generation_mesh, stop_ids
 
 
 def random_draft(ckpt, vocab_size: int) -> Draft:

@@ -98,6 +98,14 @@ def test_eval_data_and_metrics(a, tmp_path):
     for key in ("loss", "lr", "grad_norm", "tokens_per_s", "acc", "cond_acc", "tau"):
         assert key in train_rows[-1]
     assert 1.0 <= evals[1]["tau"] <= 4.0
+    # --init-from starts exactly where that draft ended: its step-0 eval is the final one
+    again = tmp_path / "again"
+    r = invoke(base_args(a, again, "--max-steps", "1", "--init-from", str(out / "final"),
+                         "--eval-data", str(a / "heldout.jsonl")))
+    assert r.exit_code == 0, r.output
+    first = json.loads((again / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["eval"] and first["step"] == 0
+    assert first["acc"] == evals[1]["acc"] and first["tau"] == evals[1]["tau"]
 
 
 def test_refuses_existing_run_and_changed_config(a, tmp_path):

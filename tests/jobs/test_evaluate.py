@@ -16,7 +16,8 @@ from eagle3kit.errors import MismatchError, UserError
 from eagle3kit.formats import export_draft
 from eagle3kit.io.draft_io import Draft, load_draft, read_vocab, save_draft
 from eagle3kit.io.hf import resolve_target
-from eagle3kit.jobs.evaluate import generation_mesh, load_draft_for_target, stop_ids
+from eagle3kit.jobs.common import load_draft_for_target
+from eagle3kit.jobs.evaluate import generation_mesh, stop_ids
 from tests import assets
 
 

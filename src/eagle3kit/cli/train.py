@@ -71,7 +71,8 @@ def train(
     OUT/final, the input of `eagle3kit eval` and `eagle3kit convert`.
     """
     from eagle3kit.jobs import common
-    from eagle3kit.jobs.train import DTYPES, TrainConfig, run
+    from eagle3kit.jobs.common import DTYPES
+    from eagle3kit.jobs.train import TrainConfig, run
 
     for name, value in (("--dtype", dtype), ("--target-dtype", target_dtype)):
         if value not in DTYPES:

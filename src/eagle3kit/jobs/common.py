@@ -10,14 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from eagle3kit.core import ttt
+from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.metrics import StepCounts, summarize
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.data.fingerprint import Fingerprint, require_same
 from eagle3kit.data.packing import TokenDocs, pack_epoch
 from eagle3kit.errors import InputError, MismatchError
+from eagle3kit.io.draft_io import Draft
+from eagle3kit.io.hf import TargetCheckpoint
+
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
 
 def init_distributed(coordinator: str | None, num_processes: int | None,
@@ -128,3 +134,39 @@ def teacher_forced(trainer, params, target_w, vocab: ttt.VocabArrays, docs: Toke
         if progress is not None:
             progress(i + 1, batches)
     return summarize(total)
+
+
+def load_draft_for_target(spec: str, target_spec: str, ckpt: TargetCheckpoint,
+                          tokenizer_key: str | None) -> Draft:
+    """A draft in any format, refused unless it was made for this target: the engines' own
+    shape checks against the actual target config, the recorded target's architecture, and
+    the tokenizer fingerprint (ids from another tokenizer are another vocabulary)."""
+    from eagle3kit.formats import load_any_draft
+    from eagle3kit.formats.common import check_exportable
+
+    try:
+        try:
+            draft = load_any_draft(spec)
+        except (MismatchError, InputError):
+            # an engine export that does not record its target, or names one that cannot be
+            # fetched (offline): read it with ours
+            draft = load_any_draft(spec, target=target_spec)
+        recorded = draft.target_config
+        check_exportable(dataclasses.replace(draft, target_config=ckpt.hf_config), 0)
+    except MismatchError as e:
+        raise MismatchError(f"the draft does not fit the target {target_spec}: {e}",
+                            path=spec) from None
+    if recorded:
+        was = TargetConfig.from_hf_config(recorded, source=spec)
+        for field in ("family", "num_layers", "hidden_size", "intermediate_size", "num_heads",
+                      "num_kv_heads", "vocab_size"):
+            if getattr(was, field) != getattr(ckpt.config, field):
+                raise MismatchError(
+                    f"the draft was trained for {draft.target_name or 'another target'} "
+                    f"({field} {getattr(was, field)}), but {target_spec} has "
+                    f"{getattr(ckpt.config, field)}", path=spec)
+    recorded_tok = draft.fingerprints.get("tokenizer")
+    if recorded_tok and tokenizer_key:
+        require_same(tokenizer_key, Fingerprint.from_json(recorded_tok).key,
+                     "the draft", spec)
+    return draft

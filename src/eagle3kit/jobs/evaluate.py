@@ -27,20 +27,18 @@ from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.core.trainer import Trainer
-from eagle3kit.data.fingerprint import Fingerprint, require_same, tokenizer_fingerprint
+from eagle3kit.data.fingerprint import Fingerprint, tokenizer_fingerprint
 from eagle3kit.data.packing import TokenDocs
 from eagle3kit.data.prompts import PromptSet, load_prompts, prompt_ids
 from eagle3kit.data.records import GenerationSample, TokenRecord, display_name, encode
 from eagle3kit.decode.runner import Decoder, acceptance_summary, bucket
 from eagle3kit.decode.speculative import DecodeConfig
-from eagle3kit.errors import InputError, MismatchError, UserError
+from eagle3kit.errors import InputError, UserError
 from eagle3kit.io.atomic import open_output
-from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import TargetCheckpoint, load_target, resolve_target
 from eagle3kit.jobs import common
 from eagle3kit.jobs.eval_report import Progress
 
-DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 MODES = ("teacher-forced", "generate")
 
 
@@ -88,8 +86,8 @@ def check_config(cfg: EvalConfig) -> None:
             raise UserError("--data is scored teacher-forced; run `eagle3kit eval` once per "
                             "mode (their --json lines can go to one file for `push`)")
     for name, value in (("--dtype", cfg.dtype), ("--target-dtype", cfg.target_dtype)):
-        if value not in DTYPES:
-            raise UserError(f"{name} {value!r}: choose {' or '.join(DTYPES)}")
+        if value not in common.DTYPES:
+            raise UserError(f"{name} {value!r}: choose {' or '.join(common.DTYPES)}")
     if cfg.temperature < 0:
         raise UserError(f"--temperature {cfg.temperature}: must be >= 0 (0 is greedy)")
 
@@ -101,7 +99,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     tokenizer, key = _tokenizer(cfg.target, required=generate)
     ckpt = resolve_target(cfg.target)
     tcfg = ckpt.config
-    draft = load_draft_for_target(cfg.draft, cfg.target, ckpt, key)
+    draft = common.load_draft_for_target(cfg.draft, cfg.target, ckpt, key)
     if key is None:  # a target without tokenizer files: trust the draft's record
         if "tokenizer" not in draft.fingerprints:
             raise UserError(f"cannot tell which tokenizer made the data: {cfg.target} has no "
@@ -116,7 +114,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     if rows % mesh.shape["data"]:
         raise UserError(f"--batch-size {rows} must be a multiple of the data axis "
                         f"({mesh.shape['data']})")
-    dtype, target_dtype = DTYPES[cfg.dtype], DTYPES[cfg.target_dtype]
+    dtype, target_dtype = common.DTYPES[cfg.dtype], common.DTYPES[cfg.target_dtype]
     t0 = time.perf_counter()
     target_w = load_target(ckpt, mesh, target_dtype)
     trainer = Trainer(tcfg, draft.config, ttt.TTTConfig(
@@ -230,42 +228,6 @@ def stop_ids(tokenizer: Any, ckpt: TargetCheckpoint) -> list[int]:
         elif isinstance(value, list):
             ids.update(int(v) for v in value)
     return sorted(ids)
-
-
-def load_draft_for_target(spec: str, target_spec: str, ckpt: TargetCheckpoint,
-                          tokenizer_key: str | None) -> Draft:
-    """A draft in any format, refused unless it was made for this target: the engines' own
-    shape checks against the actual target config, the recorded target's architecture, and
-    the tokenizer fingerprint (ids from another tokenizer are another vocabulary)."""
-    from eagle3kit.formats import load_any_draft
-    from eagle3kit.formats.common import check_exportable
-
-    try:
-        try:
-            draft = load_any_draft(spec)
-        except (MismatchError, InputError):
-            # an engine export that does not record its target, or names one that cannot be
-            # fetched (offline): read it with ours
-            draft = load_any_draft(spec, target=target_spec)
-        recorded = draft.target_config
-        check_exportable(dataclasses.replace(draft, target_config=ckpt.hf_config), 0)
-    except MismatchError as e:
-        raise MismatchError(f"the draft does not fit the target {target_spec}: {e}",
-                            path=spec) from None
-    if recorded:
-        was = TargetConfig.from_hf_config(recorded, source=spec)
-        for field in ("family", "num_layers", "hidden_size", "intermediate_size", "num_heads",
-                      "num_kv_heads", "vocab_size"):
-            if getattr(was, field) != getattr(ckpt.config, field):
-                raise MismatchError(
-                    f"the draft was trained for {draft.target_name or 'another target'} "
-                    f"({field} {getattr(was, field)}), but {target_spec} has "
-                    f"{getattr(ckpt.config, field)}", path=spec)
-    recorded_tok = draft.fingerprints.get("tokenizer")
-    if recorded_tok and tokenizer_key:
-        require_same(tokenizer_key, Fingerprint.from_json(recorded_tok).key,
-                     "the draft", spec)
-    return draft
 
 
 def _tokenizer(target: str, required: bool) -> tuple[Any, str | None]:

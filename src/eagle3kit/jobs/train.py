@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import msgspec
 import numpy as np
 
@@ -47,8 +46,6 @@ from eagle3kit.io.draft_io import Draft, save_draft
 from eagle3kit.io.hf import load_target, resolve_target
 from eagle3kit.jobs import common
 from eagle3kit.jobs.progress import TrainProgress
-
-DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +161,7 @@ def run(cfg: TrainConfig, console) -> Path:
         raise UserError(f"--batch-size {rows} must be a multiple of the data axis "
                         f"({mesh.shape['data']}); rows are split over data-parallel devices")
     shardings(TargetWeights.abstract(tcfg), mesh)  # a mesh that cannot split the heads: now
-    init = _init_params(cfg)
+    init = _init_params(cfg, ckpt, key)
     dcfg = init.config if init else DraftConfig.for_target(tcfg, vocab.draft_size,
                                                           cfg.aux_layer_ids)
     if init:
@@ -180,10 +177,10 @@ def run(cfg: TrainConfig, console) -> Path:
     optim = OptimConfig(lr=cfg.lr, warmup_ratio=cfg.warmup_ratio, total_steps=planned_steps,
                         min_lr_ratio=cfg.min_lr_ratio, b1=cfg.b1, b2=cfg.b2,
                         weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm)
-    ttt_cfg = ttt.TTTConfig(cfg.ttt_length, cfg.decay, DTYPES[cfg.dtype],
-                            resolve_attention(cfg.attention, DTYPES[cfg.target_dtype]))
+    ttt_cfg = ttt.TTTConfig(cfg.ttt_length, cfg.decay, common.DTYPES[cfg.dtype],
+                            resolve_attention(cfg.attention, common.DTYPES[cfg.target_dtype]))
     trainer = Trainer(tcfg, dcfg, ttt_cfg, optim, mesh)
-    target_w = load_target(ckpt, mesh, DTYPES[cfg.target_dtype])
+    target_w = load_target(ckpt, mesh, common.DTYPES[cfg.target_dtype])
     vocab_dev = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
 
     state, step, epoch, position, elapsed_before = _initial_state(cfg, trainer, out, init)
@@ -275,12 +272,11 @@ def _check_target_tokenizer(target: str, key: str) -> None:
     require_same(tokenizer_fingerprint(tok, target).key, key, "the vocab and data", target)
 
 
-def _init_params(cfg: TrainConfig) -> Draft | None:
+def _init_params(cfg: TrainConfig, ckpt, key: str) -> Draft | None:
+    """The --init-from draft, refused unless it was made for this target and tokenizer."""
     if not cfg.init_from:
         return None
-    from eagle3kit.formats import load_any_draft
-
-    return load_any_draft(cfg.init_from, target=cfg.target)
+    return common.load_draft_for_target(cfg.init_from, cfg.target, ckpt, key)
 
 
 def _check_init_vocab(init: Draft, vocab, where) -> Any:
