@@ -8,6 +8,12 @@ appears only with `--debug`. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 
+def first_line(e: BaseException, default: str = "") -> str:
+    """The first line of an exception's message (libraries raise pages), else `default`."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else default
+
+
 class UserError(Exception):
     """An error caused by input, with a message that says what to do."""
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit.data.records import ChatRecord, Message, display_name, open_input
-from eagle3kit.errors import InputError
+from eagle3kit.errors import InputError, first_line
 
 FORMATS = ("auto", "sharegpt", "perfectblend", "openai", "ultrachat")
 SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -211,7 +211,7 @@ class Reader:
                     number += 1
                     yield Raw(f"{path}: row {number}", number, row)
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-            raise InputError(f"not a readable parquet file ({_first_line(e)})",
+            raise InputError(f"not a readable parquet file ({first_line(e, type(e).__name__)})",
                              path=path) from None
 
     def _hub(self) -> Iterator[Raw]:
@@ -223,11 +223,11 @@ class Reader:
             for number, row in enumerate(ds, start=1):
                 yield Raw(f"{self.spec.location} row {number}", number, row)
         except (ImportError, OSError, ValueError, FileNotFoundError) as e:
-            raise InputError(f"cannot load the data set ({_first_line(e)})",
+            raise InputError(f"cannot load the data set ({first_line(e, type(e).__name__)})",
                              path=self.spec.location) from None
         except Exception as e:  # datasets raises its own (DatasetNotFoundError, ...)
             if type(e).__module__.startswith(("datasets", "huggingface_hub", "requests")):
-                raise InputError(f"cannot load the data set ({_first_line(e)})",
+                raise InputError(f"cannot load the data set ({first_line(e, type(e).__name__)})",
                                  path=self.spec.location) from None
             raise
 
@@ -322,8 +322,3 @@ def _decode(decoder: codecs.IncrementalDecoder, chunk: bytes, path: str, line: i
 
 def _json_why(e: Exception) -> str:
     return e.msg if isinstance(e, json.JSONDecodeError) else str(e)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from eagle3kit.errors import InputError
+from eagle3kit.errors import InputError, first_line
 
 
 def _looks_local(spec: str) -> bool:
@@ -38,8 +38,8 @@ def load_tokenizer(spec: str) -> Any:
     except InputError:
         raise
     except Exception as e:  # transformers raises OSError/ValueError/... with long texts
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"cannot load a tokenizer ({first})", path=spec) from None
+        raise InputError(f"cannot load a tokenizer ({first_line(e, type(e).__name__)})",
+                         path=spec) from None
     finally:
         quiet.setLevel(level)
 

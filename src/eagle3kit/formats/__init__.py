@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from eagle3kit.errors import InputError, MismatchError
+from eagle3kit.errors import InputError, MismatchError, first_line
 from eagle3kit.formats import common, sglang, speculators, torch_bin
 from eagle3kit.io import safetensors as st
 from eagle3kit.io.atomic import atomic_dir
@@ -115,9 +115,8 @@ def _resolve_source(source: str) -> Path:
             return Path(snapshot_download(source, allow_patterns=[
                 "*.json", "*.safetensors", "pytorch_model*.bin"]))
         except Exception as e:  # network, auth, missing repo: one clear line
-            first = str(e).splitlines()[0] if str(e) else ""
             raise InputError(f"cannot download the draft from the Hub ({type(e).__name__}: "
-                             f"{first})", path=source) from None
+                             f"{first_line(e)})", path=source) from None
     raise InputError("no such draft: not a directory or Hub id", path=source)
 
 

@@ -27,7 +27,7 @@ from eagle3kit import __version__
 from eagle3kit.core.config import DraftConfig, RopeConfig, TargetConfig
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.vocab import VocabMap
-from eagle3kit.errors import InputError, MismatchError
+from eagle3kit.errors import InputError, MismatchError, first_line
 from eagle3kit.io.draft_io import Draft
 
 log = logging.getLogger("eagle3kit.formats")
@@ -280,9 +280,8 @@ def target_config(spec: str) -> tuple[str, dict[str, Any]]:
         try:
             return spec, json.loads(Path(hf_hub_download(spec, "config.json")).read_text())
         except Exception as e:  # offline, gated, missing: one line, and what to do instead
-            first = str(e).splitlines()[0] if str(e) else ""
             raise InputError(f"cannot fetch the target's config.json from the Hub "
-                             f"({type(e).__name__}: {first}); pass --target with a local "
+                             f"({type(e).__name__}: {first_line(e)}); pass --target with a local "
                              "directory or .gguf file", path=spec) from None
     raise InputError("no such target: not a directory, .gguf file or Hub id", path=spec)
 

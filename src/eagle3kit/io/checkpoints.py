@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -32,7 +33,8 @@ META = "meta.json"
 _NAME = re.compile(r"^step_(\d{8})$")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, read in 4 MiB chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
@@ -56,7 +58,7 @@ def save(run_dir: Path, state: Any, meta: dict[str, Any], keep: int = 2) -> Path
     tensors = flatten(state)
     with atomic_dir(path, force=True) as tmp:
         st.save(tmp / STATE, tensors)
-        meta = {**meta, "sha256": _sha256(tmp / STATE)}
+        meta = {**meta, "sha256": file_sha256(tmp / STATE)}
         (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
@@ -81,7 +83,7 @@ def load(path: Path, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
         raise InputError(f"corrupted checkpoint metadata ({e})", path=meta_path) from None
     if not state_path.is_file():
         raise InputError("checkpoint is incomplete (no state.safetensors)", path=path)
-    if _sha256(state_path) != meta.get("sha256"):
+    if file_sha256(state_path) != meta.get("sha256"):
         raise InputError("corrupted checkpoint: checksum mismatch (the file changed after it "
                          "was written); remove this directory to resume from an older one",
                          path=state_path)

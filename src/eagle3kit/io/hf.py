@@ -25,7 +25,7 @@ from jax.sharding import Mesh
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import ArrayInfo, is_info, shardings
 from eagle3kit.core.target import TargetWeights
-from eagle3kit.errors import InputError
+from eagle3kit.errors import InputError, first_line
 from eagle3kit.io.gguf import GGUFCheckpoint
 from eagle3kit.io.safetensors import SafetensorsFile
 
@@ -118,7 +118,7 @@ def _download(repo_id: str) -> Path:
             repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja"]))
     except Exception as e:  # network, auth, missing repo: one clear line
         raise InputError(f"cannot download from the Hub ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''})", path=repo_id) from None
+                         f"{first_line(e)})", path=repo_id) from None
 
 
 # ---- the key table ----------------------------------------------------------------------------

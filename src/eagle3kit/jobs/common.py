@@ -4,7 +4,6 @@ together, distributed start-up, and teacher-forced evaluation (one implementatio
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,10 @@ from eagle3kit.core import ttt
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.metrics import StepCounts, summarize
 from eagle3kit.core.vocab import VocabMap
-from eagle3kit.data.fingerprint import Fingerprint, require_same
+from eagle3kit.data.fingerprint import Fingerprint, require_same, tokenizer_fingerprint
 from eagle3kit.data.packing import TokenDocs, pack_epoch
-from eagle3kit.errors import InputError, MismatchError
+from eagle3kit.errors import InputError, MismatchError, UserError
+from eagle3kit.io.checkpoints import file_sha256
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import TargetCheckpoint
 
@@ -43,11 +43,21 @@ def file_digest(path: str | os.PathLike) -> str:
     """16 hex digits of sha256 over a file's bytes ("-" for stdin, which has none)."""
     if str(path) == "-":
         return "-"
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
+    return file_sha256(path)[:16]
+
+
+def target_tokenizer(target: str, required: bool) -> tuple[Any, str | None]:
+    """The target's tokenizer and its fingerprint key; (None, None) when the checkpoint has
+    no tokenizer files and one is not `required` (the vocab size checks still apply)."""
+    from eagle3kit.data.tokenizer import load_tokenizer
+
+    try:
+        tok = load_tokenizer(target)
+    except UserError:
+        if required:
+            raise
+        return None, None
+    return tok, tokenizer_fingerprint(tok, target).key
 
 
 def agree_max(n: int) -> int:

@@ -27,7 +27,7 @@ from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.core.trainer import Trainer
-from eagle3kit.data.fingerprint import Fingerprint, tokenizer_fingerprint
+from eagle3kit.data.fingerprint import Fingerprint
 from eagle3kit.data.packing import TokenDocs
 from eagle3kit.data.prompts import PromptSet, load_prompts, prompt_ids
 from eagle3kit.data.records import GenerationSample, TokenRecord, display_name, encode
@@ -96,7 +96,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     """Evaluates as configured; returns the result object (see the module docstring)."""
     check_config(cfg)
     generate = cfg.resolved_mode == "generate"
-    tokenizer, key = _tokenizer(cfg.target, required=generate)
+    tokenizer, key = common.target_tokenizer(cfg.target, required=generate)
     ckpt = resolve_target(cfg.target)
     tcfg = ckpt.config
     draft = common.load_draft_for_target(cfg.draft, cfg.target, ckpt, key)
@@ -228,18 +228,6 @@ def stop_ids(tokenizer: Any, ckpt: TargetCheckpoint) -> list[int]:
         elif isinstance(value, list):
             ids.update(int(v) for v in value)
     return sorted(ids)
-
-
-def _tokenizer(target: str, required: bool) -> tuple[Any, str | None]:
-    from eagle3kit.data.tokenizer import load_tokenizer
-
-    try:
-        tok = load_tokenizer(target)
-    except UserError:
-        if required:
-            raise
-        return None, None
-    return tok, tokenizer_fingerprint(tok, target).key
 
 
 def generation_mesh(spec: str | None):

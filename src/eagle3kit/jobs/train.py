@@ -31,7 +31,7 @@ from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import make_mesh, shardings, to_host
 from eagle3kit.core.target import TargetWeights
 from eagle3kit.core.trainer import Trainer, put_batch
-from eagle3kit.data.fingerprint import require_same, tokenizer_fingerprint
+from eagle3kit.data.fingerprint import require_same
 from eagle3kit.data.packing import pack_epoch
 from eagle3kit.errors import (
     MismatchError,
@@ -142,7 +142,9 @@ def run(cfg: TrainConfig, console) -> Path:
     key = vfile.fingerprint.key
     ckpt = resolve_target(cfg.target)
     tcfg = ckpt.config
-    _check_target_tokenizer(cfg.target, key)
+    _, target_key = common.target_tokenizer(cfg.target, required=False)
+    if target_key:  # refuse data tokenized for another model, before any device work
+        require_same(target_key, key, "the vocab and data", cfg.target)
     vocab = common.fit_vocab_to_target(vfile.vocab, tcfg.vocab_size, cfg.vocab)
     shard = (jax.process_index(), jax.process_count())
     docs = common.read_docs(cfg.data, key, cfg.seq_len, shard)
@@ -259,17 +261,6 @@ def run(cfg: TrainConfig, console) -> Path:
         console.print(f"[green]done[/green]: {step} steps in {wall:.0f}s; "
                       f"draft written to {final}")
     return final
-
-
-def _check_target_tokenizer(target: str, key: str) -> None:
-    """Refuses data tokenized for another model (before any device work)."""
-    from eagle3kit.data.tokenizer import load_tokenizer
-
-    try:
-        tok = load_tokenizer(target)
-    except UserError:
-        return  # a target without tokenizer files: the vocab size check still applies
-    require_same(tokenizer_fingerprint(tok, target).key, key, "the vocab and data", target)
 
 
 def _init_params(cfg: TrainConfig, ckpt, key: str) -> Draft | None:
