@@ -107,6 +107,14 @@ def bucket(n: int, low: int) -> int:
     return max(low, 1 << (max(n, 1) - 1).bit_length())
 
 
+def _rows_bucket(n: int, low: int) -> int:
+    """Prefill rows: a power of four >= n (few programs; at most 4x the rows needed)."""
+    p = max(low, 1)
+    while p < n:
+        p *= 4
+    return p
+
+
 def sample(logits_BxV: jax.Array, keys_B: jax.Array, sampling: Sampling) -> jax.Array:
     """[B] tokens: argmax at temperature 0, else a draw from softmax(logits / T), restricted
     to the top-p nucleus when top_p < 1 (the most probable token is always kept)."""
@@ -189,6 +197,17 @@ def _decode(w, cache, state, base_key, stop_ids, *, cfg: TargetConfig, sampling:
     return jax.lax.fori_loop(0, steps, body, (cache, state, out))
 
 
+@functools.cache
+def _programs(tcfg: TargetConfig, sampling: Sampling):
+    """The jitted prefill and decode of one target and sampling rule, shared by every engine
+    of the process (an eval after a regenerate, tests) so each shape compiles once."""
+    prefill = jax.jit(functools.partial(_prefill, cfg=tcfg, sampling=sampling),
+                      static_argnames=("first", "window"), donate_argnums=(1, 2))
+    decode = jax.jit(functools.partial(_decode, cfg=tcfg, sampling=sampling),
+                     static_argnames=("steps", "window"), donate_argnums=(1, 2))
+    return prefill, decode
+
+
 @dataclasses.dataclass
 class _Row:
     request: Request
@@ -231,12 +250,7 @@ class Engine:
             self.state = jax.jit(lambda: RowState.empty(cfg.rows),
                                  out_shardings=jax.tree.map(lambda _: row_spec,
                                                             RowState.empty(1)))()
-        self._prefill = jax.jit(
-            functools.partial(_prefill, cfg=tcfg, sampling=cfg.sampling),
-            static_argnames=("first", "window"), donate_argnums=(1, 2))
-        self._decode = jax.jit(
-            functools.partial(_decode, cfg=tcfg, sampling=cfg.sampling),
-            static_argnames=("steps", "window"), donate_argnums=(1, 2))
+        self._prefill, self._decode = _programs(tcfg, cfg.sampling)
 
     # ---- host side --------------------------------------------------------------------------
 
@@ -294,7 +308,7 @@ class Engine:
 
     def _prefill_group(self, members, start, first, t, window) -> list[Completion]:
         c = self.cfg.rows
-        p = bucket(len(members), self.mesh.shape["data"])
+        p = min(_rows_bucket(len(members), self.mesh.shape["data"]), c)
         tokens = np.zeros((p, t), np.int32)
         rows = np.full((p,), c, np.int32)  # padding rows write nowhere
         starts, lengths = np.zeros((p,), np.int32), np.ones((p,), np.int32)

@@ -490,6 +490,11 @@ def run(cfg: RegenerateConfig, console) -> Counts:
         seconds = time.monotonic() - progress.t0
         console.print(f"regenerate: {counts.summary()}; {progress.info()} over "
                       f"{seconds:,.1f}s", soft_wrap=True)
+    if not counts.written and not counts.resumed:
+        if cfg.out != "-" and Path(cfg.out).stat().st_size == 0:
+            Path(cfg.out).unlink()  # nothing useful was made: leave no empty file behind
+        raise InputError("no conversation could be regenerated (see the counts above)",
+                         path=display_name(cfg.input))
     return counts
 
 
