@@ -36,6 +36,7 @@ from eagle3kit.data.fingerprint import tokenizer_fingerprint
 from eagle3kit.data.packing import TokenDocs, pack_epoch
 from eagle3kit.data.prompts import load_prompts, prompt_ids
 from eagle3kit.data.records import TokenRecord
+from eagle3kit.decode.conversations import Dialogue
 from eagle3kit.io.draft_io import Draft, save_draft
 from eagle3kit.io.hf import TargetCheckpoint, load_target, resolve_target
 from tests import assets
@@ -106,7 +107,8 @@ class TrainedDraft:
 def trained_draft() -> TrainedDraft:
     t = smollm2()
     conversations = load_prompts("mt-bench", QUESTIONS).conversations
-    prompts = [prompt_ids(t.tokenizer, c.messages([])) for c in conversations]
+    prompts = [prompt_ids(t.tokenizer, Dialogue.from_user_turns(c.turns, c.system).prompt())
+               for c in conversations]
     answers = [greedy_reference(t, p, ANSWER_TOKENS) for p in prompts]
     records = [TokenRecord(f"mt-bench-{i}", p + a, [0] * len(p) + [1] * len(a), t.key)
                for i, (p, a) in enumerate(zip(prompts, answers, strict=True))]

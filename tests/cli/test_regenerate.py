@@ -26,6 +26,7 @@ from eagle3kit.decode.conversations import plan
 from eagle3kit.decode.engine import Engine, EngineConfig, Request
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
+from tests.cli.chat_server import ChatServer
 
 runner = CliRunner()
 # fp32 and one device: the answers are exactly what the engine computes below
@@ -237,3 +238,62 @@ def test_sigterm_stops_with_exit_75_and_resumes(target, chats, reference, tmp_pa
     r = regenerate("--target", target, *COMMON, "-i", chats, "-o", out, "--resume")
     assert r.exit_code == 0, r.output
     assert out.read_bytes() == reference and max(ids.values()) == 1
+
+
+# ---- --endpoint: an OpenAI-compatible server on 127.0.0.1 --------------------------------------
+
+
+def endpoint_run(server_url, chats, *args):
+    return regenerate("--target", "tiny-chat", "--endpoint", server_url, "--concurrency", "3",
+                      "--retries", "2", "--timeout", "10", "-i", chats, *args)
+
+
+def test_endpoint_answers_each_turn_in_context(chats):
+    with ChatServer(flaky=4) as server:  # every 4th request fails once: retried
+        r = endpoint_run(server.url, chats, "--no-thinking")
+    assert r.exit_code == 0, r.output
+    out = records(r.stdout_bytes)
+    originals = [msgspec.json.decode(line, type=ChatRecord)
+                 for line in chats.read_bytes().splitlines()]
+    assert [x.id for x in out] == [c.id for c in originals]
+    for rec in out:
+        answers = [m.content for m in rec.messages if m.role == "assistant"]
+        assert answers and all(a.startswith("re ") for a in answers)
+        assert [f"turn {j}" in a for j, a in enumerate(answers)] == [True] * len(answers)
+        assert rec.generation.target == "tiny-chat"
+    # a later turn was asked with the server's own earlier answer, in thinking-off mode
+    later = [b for b in server.bodies if sum(m["role"] == "assistant" for m in b["messages"])]
+    assert later and all(b["chat_template_kwargs"] == {"enable_thinking": False}
+                         for b in server.bodies)
+    first_answers = {m["content"] for b in later for m in b["messages"]
+                     if m["role"] == "assistant"}
+    assert first_answers <= {m.content for x in out for m in x.messages}
+
+
+def test_endpoint_refusals_are_counted_and_an_outage_is_resumable(chats, tmp_path):
+    refused = ChatRecord("refused", "t", [Message("user", "TOOLONG " * 3),
+                                          Message("assistant", "x")])
+    data = tmp_path / "in.jsonl"
+    data.write_bytes(encode(refused) + chats.read_bytes())
+    with ChatServer() as server:
+        full = endpoint_run(server.url, data)
+    assert full.exit_code == 0, full.output
+    assert "1 refused by the server (prompt is too long)" in full.output
+    out = tmp_path / "out.jsonl"
+    first_two = sum(len(plan(c.messages)[1]) for c in records(full.stdout_bytes)[:2])
+    with ChatServer(up_for=first_two + 1) as server:  # goes down after two conversations
+        r = endpoint_run(server.url, data, "-o", out, "--concurrency", "1")
+    assert r.exit_code == 4 and "--resume" in r.output and "down for maintenance" in r.output
+    assert 2 <= out.read_bytes().count(b"\n") < len(records(full.stdout_bytes))
+    with ChatServer() as server:
+        r = endpoint_run(server.url, data, "-o", out, "--resume")
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes() == full.stdout_bytes
+
+
+def test_an_unreachable_endpoint_fails_in_seconds(chats):
+    t0 = time.monotonic()
+    r = regenerate("--target", "x", "--endpoint", "http://127.0.0.1:9", "--retries", "1",
+                   "-i", chats)
+    assert r.exit_code == 4 and "127.0.0.1:9" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and time.monotonic() - t0 < 10

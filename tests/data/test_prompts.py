@@ -11,6 +11,8 @@ import pytest
 
 from eagle3kit.data import prompts
 from eagle3kit.data.prompts import Conversation, load_prompts
+from eagle3kit.data.records import Message
+from eagle3kit.decode.conversations import Dialogue, Turn
 from eagle3kit.errors import InputError
 
 
@@ -32,12 +34,17 @@ def test_humaneval_is_164_single_turn_coding_prompts():
 
 
 def test_later_turns_carry_the_models_own_answers():
+    """The conversation loop eval shares with regenerate (decode/conversations.py)."""
     c = Conversation("x", ("first?", "second?"), system="be brief")
-    assert c.messages([]) == [{"role": "system", "content": "be brief"},
-                              {"role": "user", "content": "first?"}]
-    assert c.messages(["mine"]) == [
-        {"role": "system", "content": "be brief"}, {"role": "user", "content": "first?"},
-        {"role": "assistant", "content": "mine"}, {"role": "user", "content": "second?"}]
+    d = Dialogue.from_user_turns(c.turns, c.system)
+    assert d.prompt() == [Message("system", "be brief"), Message("user", "first?")]
+    d.answer(Turn("mine", 5, 1, "stop"))
+    assert d.prompt() == [Message("system", "be brief"), Message("user", "first?"),
+                          Message("assistant", "mine"), Message("user", "second?")]
+    d.answer(Turn("yours", 9, 1, "stop"))
+    assert d.prompt() is None and d.finished
+    assert [m.content for m in d.messages()] == ["be brief", "first?", "mine", "second?",
+                                                 "yours"]
 
 
 LINES = [

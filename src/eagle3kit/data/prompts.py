@@ -40,16 +40,8 @@ HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the
 @dataclasses.dataclass(frozen=True)
 class Conversation:
     id: str
-    turns: tuple[str, ...]  # user messages, answered in order
+    turns: tuple[str, ...]  # user messages, answered in order (decode/conversations.py)
     system: str | None = None
-
-    def messages(self, answers: Sequence[str]) -> list[dict[str, str]]:
-        """The chat up to user turn len(answers) (0-based), with the model's earlier answers."""
-        out = [{"role": "system", "content": self.system}] if self.system else []
-        for turn, answer in zip(self.turns, answers, strict=False):
-            out += [{"role": "user", "content": turn}, {"role": "assistant", "content": answer}]
-        out.append({"role": "user", "content": self.turns[len(answers)]})
-        return out
 
 
 @dataclasses.dataclass

@@ -31,6 +31,7 @@ from eagle3kit.data.fingerprint import Fingerprint
 from eagle3kit.data.packing import TokenDocs
 from eagle3kit.data.prompts import PromptSet, load_prompts, prompt_ids
 from eagle3kit.data.records import GenerationSample, TokenRecord, display_name, encode
+from eagle3kit.decode.conversations import Dialogue, Turn
 from eagle3kit.decode.runner import Decoder, acceptance_summary, bucket
 from eagle3kit.decode.speculative import DecodeConfig
 from eagle3kit.errors import InputError, UserError
@@ -157,7 +158,8 @@ def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg:
                      cfg: EvalConfig, console) -> tuple[dict[str, Any], list[GenerationSample]]:
     """Decodes every turn speculatively and plainly; returns the summary and the samples."""
     context = tcfg.max_position_embeddings
-    firsts = [prompt_ids(tokenizer, c.messages([])) for c in prompts.conversations]
+    dialogues = [Dialogue.from_user_turns(c.turns, c.system) for c in prompts.conversations]
+    firsts = [prompt_ids(tokenizer, d.prompt()) for d in dialogues]
     for conv, ids in zip(prompts.conversations, firsts, strict=True):  # fail before compiling
         _check_context(conv.id, 1, len(ids), cfg.max_new_tokens, context, prompts.name)
     samples: list[GenerationSample] = []
@@ -165,10 +167,11 @@ def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg:
     spec_tokens = plain_tokens = identical = 0
     progress = Progress(console, "generate turns", total=prompts.num_turns)
     with progress:
-        for c, conv in enumerate(prompts.conversations):
-            answers: list[str] = []
+        for c, (conv, dialogue) in enumerate(zip(prompts.conversations, dialogues,
+                                                 strict=True)):
+            # the conversation loop `regenerate` runs too: each turn sees the earlier answers
             for turn in range(len(conv.turns)):
-                ids = firsts[c] if turn == 0 else prompt_ids(tokenizer, conv.messages(answers))
+                ids = firsts[c] if turn == 0 else prompt_ids(tokenizer, dialogue.prompt())
                 _check_context(conv.id, turn + 1, len(ids), cfg.max_new_tokens, context,
                                prompts.name)
                 seconds = decoder.prepare(len(ids))
@@ -179,7 +182,9 @@ def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg:
                 seed = cfg.seed + len(samples)
                 spec, plain = decoder.speculative(ids, seed), decoder.plain(ids, seed)
                 text = tokenizer.decode(spec.generated_ids, skip_special_tokens=True)
-                answers.append(text.strip())
+                dialogue.answer(Turn(text.strip(), len(ids), len(spec.generated_ids),
+                                     "stop" if len(spec.generated_ids) < cfg.max_new_tokens
+                                     else "length"))
                 samples.append(GenerationSample(conv.id, turn + 1, ids, spec.generated_ids, text,
                                                 spec.accept_lengths, round(spec.seconds, 6),
                                                 round(plain.seconds, 6)))

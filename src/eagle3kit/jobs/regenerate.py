@@ -2,7 +2,7 @@
 
 Conversations are read whole first (so bad input fails before any weight is loaded, and the
 total is known), then answered turn by turn (decode/conversations.py) by the batched engine
-(decode/engine.py) or an OpenAI-compatible server (decode/endpoint.py). Records are written in
+(decode/engine.py) or an OpenAI-compatible server (jobs/endpoint.py). Records are written in
 input order as soon as every conversation before them is done, flushed at once and fsynced
 every few seconds: a kill loses at most the conversations in flight, and `--resume` skips the
 ids already in the output (repairing a torn last line) and continues. SIGINT and SIGTERM stop
@@ -41,6 +41,7 @@ from eagle3kit.data.records import (
 )
 from eagle3kit.decode import conversations as conv
 from eagle3kit.errors import InputError, MismatchError, UserError
+from eagle3kit.jobs import common
 
 TURNS = ("all", "first")
 DEFAULT_CONTEXT = 4096  # prompt + answer; the KV cache holds --slots rows of this many
@@ -440,8 +441,6 @@ class Progress:
 
 def run(cfg: RegenerateConfig, console) -> Counts:
     """Regenerates as configured; returns the counts (also printed on stderr)."""
-    from eagle3kit.jobs import common
-
     shard = check_config(cfg)
     if cfg.target_dtype not in common.DTYPES:
         raise UserError(f"--target-dtype {cfg.target_dtype!r}: choose "
@@ -453,10 +452,22 @@ def run(cfg: RegenerateConfig, console) -> Counts:
                       else (collections.Counter(), None))
     counts = Counts(read=len(records))
     if cfg.endpoint:
-        from eagle3kit.decode import endpoint
+        from eagle3kit.jobs import endpoint
 
-        return endpoint.run(cfg, records, done, previous, counts, console)
+        endpoint.run(cfg, records, done, previous, counts, console)
+    else:
+        run_local(cfg, records, done, previous, counts, console)
+    if not counts.written and not counts.resumed:
+        if cfg.out != "-" and Path(cfg.out).exists() and Path(cfg.out).stat().st_size == 0:
+            Path(cfg.out).unlink()  # nothing useful was made: leave no empty file behind
+        raise InputError("no conversation could be regenerated (see the counts above)",
+                         path=display_name(cfg.input))
+    return counts
 
+
+def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collections.Counter,
+              previous: GenerationInfo | None, counts: Counts, console) -> None:
+    """Generation with the batched engine on this machine's devices."""
     from eagle3kit.data.tokenizer import load_chat_template
     from eagle3kit.io.hf import resolve_target
 
@@ -490,12 +501,6 @@ def run(cfg: RegenerateConfig, console) -> Counts:
         seconds = time.monotonic() - progress.t0
         console.print(f"regenerate: {counts.summary()}; {progress.info()} over "
                       f"{seconds:,.1f}s", soft_wrap=True)
-    if not counts.written and not counts.resumed:
-        if cfg.out != "-" and Path(cfg.out).stat().st_size == 0:
-            Path(cfg.out).unlink()  # nothing useful was made: leave no empty file behind
-        raise InputError("no conversation could be regenerated (see the counts above)",
-                         path=display_name(cfg.input))
-    return counts
 
 
 def stop_token_ids(tokenizer: Any, hf_config: dict[str, Any]) -> list[int]:
@@ -516,7 +521,6 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     from eagle3kit.core.sharding import make_mesh
     from eagle3kit.decode.engine import Engine, EngineConfig, Sampling
     from eagle3kit.io.hf import load_target
-    from eagle3kit.jobs import common
 
     mesh = make_mesh(cfg.mesh)
     t0 = time.perf_counter()
