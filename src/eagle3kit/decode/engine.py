@@ -13,8 +13,10 @@ programs compiled once per shape:
               rows idle (they write nothing a live query can read). The host syncs once per
               program, collects the tokens, retires finished rows and refills them.
 
-Attention reads only the first `window` positions of each row, a power-of-two bound over the
-longest live sequence, so short sequences never pay for the cache's full length.
+Attention reads only the first `window` positions of each row, a bound over the longest live
+sequence (`window_bucket`), so short sequences never pay for the cache's full length. Layers
+are looped over unstacked (`target.LayerList`): scanning the stacked layers would copy each
+layer's weights and cache out of the stack at every step.
 
 Sampling is per request, not per row: request r's token i is drawn with the key
 fold_in(fold_in(key(seed), r.seed), i). With the same seed a request gets the same tokens
@@ -107,6 +109,15 @@ def bucket(n: int, low: int) -> int:
     return max(low, 1 << (max(n, 1) - 1).bit_length())
 
 
+def window_bucket(n: int, limit: int) -> int:
+    """Cache positions attention reads: the next of 128, 192, 256, 384, 512, 768, ... (powers
+    of two and 1.5x them: at most a third more than needed, few programs), at most `limit`."""
+    w = MIN_WINDOW
+    while w < n:
+        w = w * 3 // 2 if w & (w - 1) == 0 else w // 3 * 4
+    return min(w, limit)
+
+
 def _rows_bucket(n: int, low: int) -> int:
     """Prefill rows: a power of four >= n (few programs; at most 4x the rows needed)."""
     p = max(low, 1)
@@ -155,10 +166,10 @@ def _prefill(w, cache, state, base_key, stop_ids, tokens_PxT, rows_P, starts_P, 
     """
     p, t = tokens_PxT.shape
     positions = starts_P[:, None] + jnp.arange(t)[None, :]
-    out, cache = target.forward_rows(w, cfg, tokens_PxT, positions, cache, rows_B=rows_P,
-                                     window=window, prefill=first)
+    hidden, cache = target.forward_rows(w, cfg, tokens_PxT, positions, cache, rows_B=rows_P,
+                                        window=window, prefill=first)
     last = jnp.clip(lengths_P - 1 - starts_P, 0, t - 1)
-    hidden = jnp.take_along_axis(out.hidden_BxTxD, last[:, None, None], axis=1)[:, 0]
+    hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
     token = sample(_logits(w, hidden), _keys(base_key, seeds_P, jnp.zeros_like(seeds_P)),
                    sampling)
     ends = starts_P + t >= lengths_P
@@ -181,9 +192,9 @@ def _decode(w, cache, state, base_key, stop_ids, *, cfg: TargetConfig, sampling:
 
     def body(i, carry):
         cache, s, out = carry
-        o, cache = target.forward_rows(w, cfg, s.token[:, None], s.position[:, None], cache,
-                                       window=window)
-        token = sample(_logits(w, o.hidden_BxTxD[:, 0]), _keys(base_key, s.seed, s.generated),
+        hidden, cache = target.forward_rows(w, cfg, s.token[:, None], s.position[:, None],
+                                            cache, window=window)
+        token = sample(_logits(w, hidden[:, 0]), _keys(base_key, s.seed, s.generated),
                        sampling)
         out = out.at[:, i].set(jnp.where(s.active, token, -1))
         live = s.active.astype(jnp.int32)
@@ -231,22 +242,25 @@ class Engine:
         if cfg.prefill_chunk & (cfg.prefill_chunk - 1) or cfg.prefill_chunk < MIN_PREFILL:
             raise ValueError(f"prefill_chunk {cfg.prefill_chunk}: a power of two >= "
                              f"{MIN_PREFILL}")
-        self.tcfg, self.w, self.mesh, self.cfg = tcfg, weights, mesh, cfg
+        self.tcfg, self.mesh, self.cfg = tcfg, mesh, cfg
+        # per-layer weights: see target.LayerList (the caller may drop the stacked ones)
+        self.w = jax.jit(target.unstack)(weights)
         self.stop_ids = jnp.asarray(sorted(set(stop_ids)) or [-1], jnp.int32)
         self.base_key = jax.random.key(cfg.seed)
         self.rows: list[_Row | None] = [None] * cfg.rows
         self.generated_tokens = 0
         self.programs: set[tuple] = set()  # compiled shapes, for reporting
         dtype = weights.embed.dtype
-        cache_spec = NamedSharding(mesh, spec_for(("layers", "batch", None, "act_heads", None)))
+        cache_spec = NamedSharding(mesh, spec_for(("batch", None, "act_heads", None)))
         row_spec = NamedSharding(mesh, spec_for(("batch",)))
         shape = (tcfg.num_layers, cfg.rows, cfg.max_context, tcfg.num_kv_heads, tcfg.head_dim)
         self.cache_bytes = 2 * int(np.prod(shape)) * jnp.dtype(dtype).itemsize
         _check_memory(self.cache_bytes, mesh, cfg)
+        layers = [cache_spec] * tcfg.num_layers
         with use_mesh(mesh):
-            self.cache = jax.jit(lambda: target.KVCache.zeros(tcfg, cfg.rows, cfg.max_context,
-                                                              dtype),
-                                 out_shardings=target.KVCache(cache_spec, cache_spec))()
+            self.cache = jax.jit(lambda: target.RowCache.zeros(tcfg, cfg.rows, cfg.max_context,
+                                                               dtype),
+                                 out_shardings=target.RowCache(layers, layers))()
             self.state = jax.jit(lambda: RowState.empty(cfg.rows),
                                  out_shardings=jax.tree.map(lambda _: row_spec,
                                                             RowState.empty(1)))()
@@ -297,8 +311,7 @@ class Engine:
                 piece = min(self.rows[i].remaining_prompt, self.cfg.prefill_chunk)
                 t = bucket(piece, MIN_PREFILL)
                 first = start[i] == 0
-                window = 0 if first else min(bucket(start[i] + t, MIN_WINDOW),
-                                             self.cfg.max_context)
+                window = 0 if first else window_bucket(start[i] + t, self.cfg.max_context)
                 groups[(first, t, window)].append(i)
             for (first, t, window), members in sorted(groups.items()):
                 done += self._prefill_group(members, start, first, t, window)
@@ -339,7 +352,7 @@ class Engine:
         steps = self.cfg.sync_every
         longest = max(len(r.request.prompt) + len(r.tokens) for r in self.rows
                       if r is not None and r.remaining_prompt == 0)
-        window = min(bucket(longest + steps, MIN_WINDOW), self.cfg.max_context)
+        window = window_bucket(longest + steps, self.cfg.max_context)
         self.programs.add(("decode", self.cfg.rows, steps, window))
         with use_mesh(self.mesh):
             self.cache, self.state, out = self._decode(
