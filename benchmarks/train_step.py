@@ -72,10 +72,12 @@ def main() -> None:
     p.add_argument("--profile", default=None, help="trace 2 more steps into this directory "
                    "and print the device time by named scope")
     args = p.parse_args()
-    if args.profile:  # read when the backend starts: the optimized HLO names every kernel
+    if args.profile:  # read when the backend starts: the optimized HLO names every kernel;
+        # CUDA graphs (command buffers) would show as one opaque kernel, so none are built
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to="
                                    f"{args.profile}/hlo --xla_dump_hlo_as_text "
-                                   "--xla_dump_hlo_module_re=.*train_step.*").strip()
+                                   "--xla_dump_hlo_module_re=.*train_step.* "
+                                   "--xla_gpu_enable_command_buffer=").strip()
 
     mesh = make_mesh(args.mesh)
     if args.target:

@@ -10,7 +10,7 @@ import pytest
 from eagle3kit.core import target, ttt
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
-from eagle3kit.core.layers import causal_mask
+from eagle3kit.core.layers import attend, causal_mask
 from eagle3kit.core.sharding import init_weights, make_mesh
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.io.hf import load_target, resolve_target
@@ -237,3 +237,27 @@ def test_blockwise_ttt_attention_equals_dense(block):
                                      argnums=(0, 1, 2)))(q, keys, values)
     for x, y in zip(jax.tree.leaves(fast), jax.tree.leaves(ref), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN runs on GPUs only")
+def test_cudnn_step0_attention_matches_the_xla_path():
+    """TTT step 0 and the target through cuDNN (told the mask is causal) against the XLA
+    path in fp32, values and gradients, packed documents: bf16 lands under 1e-2.
+    Run on a GPU: JAX_PLATFORMS=cuda pytest tests/core/test_ttt.py -k cudnn"""
+    rng = np.random.default_rng(5)
+    b, t, n, kh, h = 2, 384, 8, 2, 64
+    seg = np.ones((b, t), np.int32)
+    seg[0, 100:300], seg[0, 300:] = 2, 0
+    seg = jnp.asarray(seg)
+    q, k, v, ct = (jnp.asarray(rng.standard_normal(s), jnp.float32)
+                   for s in [(b, t, n, h), (b, t, kh, h), (b, t, kh, h), (b, t, n, h)])
+
+    def run(f, dtype):
+        args = [x.astype(dtype) for x in (q, k, v)]
+        out, vjp = jax.vjp(f, *args)
+        return [np.asarray(x, np.float32) for x in (out, *vjp(ct.astype(dtype)))]
+
+    ref = run(lambda q, k, v: ttt._ttt_attend(q, [k], [v], seg), jnp.float32)
+    fast = run(lambda q, k, v: attend(q, k, v, causal_mask(seg), "cudnn"), jnp.bfloat16)
+    for x, y in zip(fast, ref, strict=True):
+        assert np.linalg.norm(x - y) / np.linalg.norm(y) < 1e-2

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from eagle3kit.core import draft, target
 from eagle3kit.core.config import DraftConfig, TargetConfig
-from eagle3kit.core.layers import _MASKED
+from eagle3kit.core.layers import _MASKED, attend, causal_mask
 from eagle3kit.core.metrics import StepCounts, step_counts
 from eagle3kit.core.sharding import constrain
 
@@ -65,7 +65,7 @@ class TTTConfig:
     steps: int = 7
     decay: float = 0.8
     compute_dtype: Any = jnp.bfloat16
-    attention: str = "xla"  # the target's attention: "xla" or "cudnn" (layers.attend)
+    attention: str = "xla"  # "xla" or "cudnn" (layers.attend): the target's, and TTT step 0's
     attention_block: int = 512  # query rows per block of the TTT attention (at most 16 blocks)
     remat: bool = False  # recompute each whole step in the backward pass (saves memory, ~25%
     # more draft FLOPs); the attention scores are recomputed either way
@@ -195,13 +195,22 @@ def soft_cross_entropy(logits_BxTxVd: jax.Array, target_p_BxTxVd: jax.Array) -> 
 
 
 def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, target_argmax, valid,
-              in_draft, vocab, *, cfg: DraftConfig, k: int, block: int = 512):
-    """Draft step k: returns (h, new key, new value, masked CE [B,T], correct [B,T])."""
+              in_draft, vocab, *, cfg: DraftConfig, k: int, block: int = 512,
+              attention: str = "xla"):
+    """Draft step k: returns (h, new key, new value, masked CE [B,T], correct [B,T]).
+
+    Step 0 has no diagonal keys: its attention is plain causal attention, which runs through
+    `layers.attend` (cuDNN flash attention when `attention="cudnn"`).
+    """
     with jax.named_scope(f"ttt_step{k}"):
         p = draft.project(w, cfg, emb, hidden, positions)
         keys, values = [*keys, p.k_BxTxKxH], [*values, p.v_BxTxKxH]
         with jax.named_scope("ttt_attention"):
-            a = _ttt_attend(p.q_BxTxNxH, keys, values, segment_ids, block)
+            if k == 0 and attention == "cudnn":
+                a = attend(p.q_BxTxNxH, p.k_BxTxKxH, p.v_BxTxKxH, causal_mask(segment_ids),
+                           attention)
+            else:
+                a = _ttt_attend(p.q_BxTxNxH, keys, values, segment_ids, block)
         h = draft.finish(w, cfg, a, p.residual_BxTxD)
         logits = draft.head(w, cfg, h)  # B,T,Vd in the compute dtype
         with jax.named_scope("loss"):
@@ -224,7 +233,8 @@ def rollout(w: draft.DraftWeights, cfg: DraftConfig, sig: TargetSignals, batch: 
     keys, values, ces, corrects = [], [], [], []
     loss = jnp.zeros((), jnp.float32)
     for k in range(ttt.steps):
-        step = functools.partial(_one_step, cfg=cfg, k=k, block=ttt.attention_block)
+        step = functools.partial(_one_step, cfg=cfg, k=k, block=ttt.attention_block,
+                                 attention=ttt.attention)
         if ttt.remat:  # keeps one step's activations alive in the backward pass, not K
             step = jax.checkpoint(step)
         hidden, key, value, ce, correct = step(
