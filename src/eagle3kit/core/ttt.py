@@ -184,14 +184,14 @@ def _ttt_attend(q_BxTxNxH, keys, values, segment_ids_BxT, block: int = 512):
 
 
 def soft_cross_entropy(logits_BxTxVd: jax.Array, target_p_BxTxVd: jax.Array) -> jax.Array:
-    """-sum_v p log softmax(logits) = lse * sum(p) - sum(p * logits), in fp32 -> [B, T].
+    """-sum_v p log softmax(logits) = lse - sum(p * logits) for a distribution p, in fp32
+    -> [B, T] (rows where p is all zero are masked by the caller).
 
     Written with the log-sum-exp so XLA fuses it into two reductions over the logits
     instead of writing a [B, T, Vd] log-softmax.
     """
     logits = logits_BxTxVd.astype(jnp.float32)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    return lse * jnp.sum(target_p_BxTxVd, axis=-1) - jnp.sum(target_p_BxTxVd * logits, axis=-1)
+    return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(target_p_BxTxVd * logits, axis=-1)
 
 
 def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, target_argmax, valid,
