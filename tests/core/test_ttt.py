@@ -164,6 +164,7 @@ def test_causality(setup):
                         batch.segment_ids, batch.positions)
     den = ttt.valid_counts(early, K)
 
+    @jax.jit
     def full_loss(b):
         sig = ttt.target_signals(tw, tcfg, dcfg, va, b)
         return ttt.rollout(w, dcfg, sig, b, va, cfg, den)[0]
@@ -176,7 +177,7 @@ def test_causality(setup):
         s = ttt.TargetSignals(embeds, aux, sig.probs_BxTxVd, sig.argmax_BxT, sig.in_draft_BxT)
         return ttt.rollout(w, dcfg, s, early, va, cfg, den)[0]
 
-    g_aux, g_emb = jax.grad(loss_of, argnums=(0, 1))(sig.aux_BxTxA, sig.embeds_BxTxD)
+    g_aux, g_emb = jax.jit(jax.grad(loss_of, argnums=(0, 1)))(sig.aux_BxTxA, sig.embeds_BxTxD)
     g_aux, g_emb = np.abs(np.asarray(g_aux)).sum(-1), np.abs(np.asarray(g_emb)).sum(-1)
     assert (g_aux[:, c:] == 0).all() and (g_aux[:, :c] > 0).any()
     assert (g_emb[:, c + 1:] == 0).all() and (g_emb[:, 1:c + 1] > 0).any()
