@@ -1,15 +1,13 @@
-"""Throughput of one TTT training step: tokens/s, step time, achieved FLOP/s, peak memory.
+"""Throughput of one TTT training step: tokens/s, model TFLOP/s, MFU, peak memory.
 
     python benchmarks/train_step.py --target SmolLM2-135M-Instruct.Q4_1.gguf \
         --seq-len 2048 --batch-size 4,8 --grad-accum 2 --attention xla,cudnn
     python benchmarks/train_step.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
-        --batch-size 4   # memory and speed of an 8B target without its weights
+        --batch-size 2 --profile /tmp/prof   # + where the device time goes, by named scope
 
-Packed rows of random documents (64..2048 tokens) with real segment structure; the step is the
-same jitted function `eagle3kit train` runs. TFLOP/s divides the
-step's model FLOPs (`model_flops`: 2P per token for the frozen target, 6P per token and TTT
-step for the draft, plus attention; rematerialisation not counted), so "TFLOP/s" compares with
-the device's peak as MFU does.
+Packed rows of random documents (64..2048 tokens, `--full-rows`: one document per row) with
+real segment structure; the step is the same jitted function `eagle3kit train` runs. Model
+FLOPs and MFU follow `eagle3kit.core.flops` (the convention of docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eagle3kit.core import flops as model_flops
 from eagle3kit.core import ttt
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.layers import resolve_attention
@@ -35,13 +35,14 @@ from eagle3kit.core.vocab import VocabMap
 from eagle3kit.io.hf import load_target, resolve_target
 
 
-def packed_rows(rng, rows: int, seq_len: int, vocab: int) -> dict[str, np.ndarray]:
+def packed_rows(rng, rows: int, seq_len: int, vocab: int, full: bool = False
+                ) -> dict[str, np.ndarray]:
     out = {k: np.zeros((rows, seq_len), np.int32) for k in
            ("tokens", "loss_mask", "segment_ids", "positions")}
     for r in range(rows):
         t, seg = 0, 1
         while t < seq_len - 64:
-            n = int(min(rng.integers(64, 2048), seq_len - t))
+            n = seq_len if full else int(min(rng.integers(64, 2048), seq_len - t))
             out["tokens"][r, t:t + n] = rng.integers(0, vocab, n)
             out["loss_mask"][r, t + n // 3:t + n] = 1  # the last two thirds: "assistant"
             out["segment_ids"][r, t:t + n] = seg
@@ -64,7 +65,19 @@ def main() -> None:
     p.add_argument("--attention", default="auto", help="comma-separated: auto,xla,cudnn")
     p.add_argument("--mesh", default=None)
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--full-rows", action="store_true", help="one document filling each row")
+    p.add_argument("--remat", action="store_true", help="recompute each TTT step's forward")
+    p.add_argument("--attention-block", type=int, default=None,
+                   help="query rows per block of the TTT attention")
+    p.add_argument("--profile", default=None, help="trace 2 more steps into this directory "
+                   "and print the device time by named scope")
     args = p.parse_args()
+    if args.profile:  # read when the backend starts: the optimized HLO names every kernel;
+        # CUDA graphs (command buffers) would show as one opaque kernel, so none are built
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to="
+                                   f"{args.profile}/hlo --xla_dump_hlo_as_text "
+                                   "--xla_dump_hlo_module_re=.*train_step.* "
+                                   "--xla_gpu_enable_command_buffer=").strip()
 
     mesh = make_mesh(args.mesh)
     if args.target:
@@ -83,15 +96,20 @@ def main() -> None:
           f"({tcfg.num_params / 1e6:.0f}M params), draft {dcfg.num_params / 1e6:.1f}M, "
           f"K={args.ttt_length}, T={args.seq_len}, accum={args.grad_accum}")
     print(f"{'batch':>5} {'attn':>6} {'compile s':>9} {'step ms':>8} {'tokens/s':>10} "
-          f"{'TFLOP/s':>8} {'peak GiB':>8}")
+          f"{'TFLOP/s':>8} {'MFU':>5} {'peak GiB':>8}")
     for batch, attn in itertools.product([int(b) for b in args.batch_size.split(",")],
                                          args.attention.split(",")):
         impl = resolve_attention(attn, jnp.bfloat16)
-        trainer = Trainer(tcfg, dcfg, ttt.TTTConfig(args.ttt_length, 0.8, jnp.bfloat16, impl),
+        extra = {} if args.attention_block is None else {"attention_block": args.attention_block}
+        if args.remat:  # only passed when asked: older checkouts (before/after runs) lack it
+            extra["remat"] = True
+        trainer = Trainer(tcfg, dcfg, ttt.TTTConfig(args.ttt_length, 0.8, jnp.bfloat16, impl,
+                                                    **extra),
                           OptimConfig(total_steps=100), mesh)
         va = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
         state = trainer.init_state(jax.random.key(0))
-        arrays = packed_rows(rng, batch * args.grad_accum, args.seq_len, tcfg.vocab_size)
+        arrays = packed_rows(rng, batch * args.grad_accum, args.seq_len, tcfg.vocab_size,
+                             args.full_rows)
         arrays = {k: v.reshape(args.grad_accum, batch, args.seq_len) for k, v in arrays.items()}
         tokens = int((arrays["segment_ids"] > 0).sum())
         try:
@@ -99,7 +117,8 @@ def main() -> None:
             state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays))
             jax.block_until_ready(m.loss)
             compile_s = time.perf_counter() - t0
-            flops = model_flops(tcfg, dcfg, tokens, args.seq_len, args.ttt_length)
+            flops = tokens * model_flops.flops_per_token(tcfg, dcfg, args.seq_len,
+                                                         args.ttt_length)
             times = []
             for _ in range(args.steps):
                 t0 = time.perf_counter()
@@ -112,23 +131,19 @@ def main() -> None:
         step = float(np.median(times))
         # peak since the process started (the sweep's earlier rows included)
         peak = (dev.memory_stats() or {}).get("peak_bytes_in_use", 0) / 2**30
-        tflops = f"{flops / step / 1e12:8.1f}"
+        mfu = model_flops.mfu(flops / step, dev.device_kind)
         print(f"{batch:>5} {impl:>6} {compile_s:9.1f} {step * 1e3:8.1f} {tokens / step:10,.0f} "
-              f"{tflops} {peak:8.1f}")
-
-
-def model_flops(tcfg, dcfg, tokens: int, seq_len: int, steps: int) -> float:
-    """Model FLOPs of one step (the MFU convention: rematerialisation not counted).
-
-    Target forward 2*P per token plus causal attention; draft forward+backward 6*P per token
-    and TTT step plus its attention (the step-0 keys; the diagonal keys are negligible).
-    Attention spans T/2 keys on average (an upper bound for packed, shorter documents).
-    """
-    def attn(cfg, layers):  # q.k and p.v, forward, per token
-        return layers * 2 * 2 * (seq_len / 2) * cfg.num_heads * cfg.head_dim
-    target = 2 * tcfg.num_params + attn(tcfg, tcfg.num_layers)
-    draft = 6 * dcfg.num_params + 3 * attn(dcfg, 1)
-    return tokens * (target + steps * draft)
+              f"{flops / step / 1e12:8.1f} {'-' if mfu is None else f'{mfu:.1%}':>5} "
+              f"{peak:8.1f}")
+        if args.profile:
+            import profile_summary
+            trace = Path(args.profile) / f"trace-b{batch}-{impl}"
+            jax.profiler.start_trace(str(trace))
+            for _ in range(2):
+                state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays))
+                jax.block_until_ready(m.loss)
+            jax.profiler.stop_trace()
+            print(profile_summary.summarize(trace, Path(args.profile) / "hlo", 2))
 
 
 if __name__ == "__main__":

@@ -109,8 +109,13 @@ def test_eval_data_and_metrics(a, tmp_path):
 
 
 def test_refuses_existing_run_and_changed_config(a, tmp_path):
+    """(Its first run also traces step 1 with --profile-steps: one compilation saved.)"""
     out = tmp_path / "run"
-    assert invoke(base_args(a, out, "--max-steps", "2")).exit_code == 0
+    r = invoke(base_args(a, out, "--max-steps", "2", "--profile-steps", "2:1"))
+    assert r.exit_code == 2 and "--profile-steps" in r.output and not out.exists()
+    assert invoke(base_args(a, out, "--max-steps", "2", "--profile-steps", "1:2")).exit_code == 0
+    traces = list((out / "profile").rglob("*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
     r = invoke(base_args(a, out, "--max-steps", "2"))
     assert r.exit_code != 0 and "already holds a run" in r.output
     r = invoke(base_args(a, out, "--max-steps", "3", "--resume", "--seed", "5"))

@@ -10,6 +10,7 @@ import pytest
 from eagle3kit.core import target, ttt
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.layers import attend, causal_mask
 from eagle3kit.core.sharding import init_weights, make_mesh
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.io.hf import load_target, resolve_target
@@ -163,6 +164,7 @@ def test_causality(setup):
                         batch.segment_ids, batch.positions)
     den = ttt.valid_counts(early, K)
 
+    @jax.jit
     def full_loss(b):
         sig = ttt.target_signals(tw, tcfg, dcfg, va, b)
         return ttt.rollout(w, dcfg, sig, b, va, cfg, den)[0]
@@ -175,7 +177,7 @@ def test_causality(setup):
         s = ttt.TargetSignals(embeds, aux, sig.probs_BxTxVd, sig.argmax_BxT, sig.in_draft_BxT)
         return ttt.rollout(w, dcfg, s, early, va, cfg, den)[0]
 
-    g_aux, g_emb = jax.grad(loss_of, argnums=(0, 1))(sig.aux_BxTxA, sig.embeds_BxTxD)
+    g_aux, g_emb = jax.jit(jax.grad(loss_of, argnums=(0, 1)))(sig.aux_BxTxA, sig.embeds_BxTxD)
     g_aux, g_emb = np.abs(np.asarray(g_aux)).sum(-1), np.abs(np.asarray(g_emb)).sum(-1)
     assert (g_aux[:, c:] == 0).all() and (g_aux[:, :c] > 0).any()
     assert (g_emb[:, c + 1:] == 0).all() and (g_emb[:, 1:c + 1] > 0).any()
@@ -195,3 +197,68 @@ def test_fully_masked_batch_gives_zero_loss(setup):
     assert float(loss) == 0.0 and float(counts.total.sum()) == 0.0
     assert np.isfinite(float(loss))
     _ = target  # the frozen target is exercised through loss_fn
+
+
+def dense_ttt_attention(q, keys, values, segment_ids):
+    """The chain-tree attention written out densely: [T, T] step-0 scores plus diagonals."""
+    b, t, n, h = q.shape
+    kh = keys[0].shape[2]
+    qg = q.reshape(b, t, kh, n // kh, h)
+    s0 = jnp.einsum("btkgh,bskh->bkgts", qg, keys[0]) / np.sqrt(h)
+    s0 = jnp.where(causal_mask(segment_ids)[:, None, None], s0, -1e30)
+    diag = [jnp.einsum("btkgh,btkh->bkgt", qg, k_i)[..., None] / np.sqrt(h) for k_i in keys[1:]]
+    p = jax.nn.softmax(jnp.concatenate([s0, *diag], axis=-1), axis=-1)
+    o = jnp.einsum("bkgts,bskh->btkgh", p[..., :t], values[0])
+    for i, v_i in enumerate(values[1:]):
+        o = o + jnp.einsum("bkgt,btkh->btkgh", p[..., t + i], v_i)
+    return o.reshape(b, t, n, h)
+
+
+@pytest.mark.parametrize("block", [4])
+def test_blockwise_ttt_attention_equals_dense(block):
+    """Blocks of query rows (the last one uneven) give the dense attention's
+    values and gradients: the XLA path every device runs, checked against the formula."""
+    rng = np.random.default_rng(4)
+    b, t, n, kh, h, steps = 2, 14, 4, 2, 8, 3
+    seg = np.zeros((b, t), np.int32)
+    seg[0, :5], seg[0, 5:12], seg[1] = 1, 2, 1
+    seg = jnp.asarray(seg)
+    q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
+    kv = [jnp.asarray(rng.standard_normal((b, t, kh, h)), jnp.float32) for _ in range(2 * steps)]
+    keys, values = kv[:steps], kv[steps:]
+    assert len(ttt.query_blocks(t, block)) == -(-t // block)
+
+    def loss(f, q, keys, values):
+        o = f(q, keys, values, seg)
+        return jnp.sum(o * jnp.cos(jnp.arange(o.size).reshape(o.shape)))
+
+    fast = jax.jit(jax.value_and_grad(lambda *a: loss(
+        lambda *x: ttt._ttt_attend(*x, block=block), *a), argnums=(0, 1, 2)))(q, keys, values)
+    ref = jax.jit(jax.value_and_grad(lambda *a: loss(dense_ttt_attention, *a),
+                                     argnums=(0, 1, 2)))(q, keys, values)
+    for x, y in zip(jax.tree.leaves(fast), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN runs on GPUs only")
+def test_cudnn_step0_attention_matches_the_xla_path():
+    """TTT step 0 and the target through cuDNN (told the mask is causal) against the XLA
+    path in fp32, values and gradients, packed documents: bf16 lands under 1e-2.
+    Run on a GPU: JAX_PLATFORMS=cuda pytest tests/core/test_ttt.py -k cudnn"""
+    rng = np.random.default_rng(5)
+    b, t, n, kh, h = 2, 384, 8, 2, 64
+    seg = np.ones((b, t), np.int32)
+    seg[0, 100:300], seg[0, 300:] = 2, 0
+    seg = jnp.asarray(seg)
+    q, k, v, ct = (jnp.asarray(rng.standard_normal(s), jnp.float32)
+                   for s in [(b, t, n, h), (b, t, kh, h), (b, t, kh, h), (b, t, n, h)])
+
+    def run(f, dtype):
+        args = [x.astype(dtype) for x in (q, k, v)]
+        out, vjp = jax.vjp(f, *args)
+        return [np.asarray(x, np.float32) for x in (out, *vjp(ct.astype(dtype)))]
+
+    ref = run(lambda q, k, v: ttt._ttt_attend(q, [k], [v], seg), jnp.float32)
+    fast = run(lambda q, k, v: attend(q, k, v, causal_mask(seg), "cudnn"), jnp.bfloat16)
+    for x, y in zip(fast, ref, strict=True):
+        assert np.linalg.norm(x - y) / np.linalg.norm(y) < 1e-2

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from eagle3kit.core import draft, target, ttt
-from eagle3kit.core.layers import causal_mask
 from eagle3kit.decode import draft_cache
 
 K = 4
@@ -43,7 +42,7 @@ def ttt_logits(tcfg, tw, dcfg, w, vocab, tokens) -> jax.Array:
         step = functools.partial(ttt._one_step, cfg=dcfg, k=k)
         hidden, key, value, _, _ = step(
             w, hidden, ttt._shift(sig.embeds_BxTxD, 1 + k), batch.positions + k, keys, values,
-            causal_mask(batch.segment_ids), sig.probs_BxTxVd, sig.argmax_BxT, valid[k],
+            batch.segment_ids, sig.probs_BxTxVd, sig.argmax_BxT, valid[k],
             sig.in_draft_BxT, vocab)
         keys.append(key)
         values.append(value)

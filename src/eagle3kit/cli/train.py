@@ -54,6 +54,9 @@ def train(
     time_limit: float | None = typer.Option(None, min=1, help="Seconds of wall time; then "
                                             "checkpoint and exit 75 (resume with --resume), "
                                             "e.g. inside a batch job's time limit."),
+    profile_steps: str | None = typer.Option(None, help="Trace steps A:B (A included, B not) "
+                                             "with the JAX profiler into OUT/profile, for "
+                                             "TensorBoard or Perfetto, e.g. 10:13."),
     save_every: int = typer.Option(500, min=1, help="Checkpoint every N steps."),
     keep_checkpoints: int = typer.Option(2, min=1, help="Checkpoints kept on disk."),
     eval_every: int = typer.Option(500, min=1, help="Evaluate --eval-data every N steps."),
@@ -90,8 +93,21 @@ def train(
         target_dtype=target_dtype, attention=attention, seed=seed, save_every=save_every,
         keep_checkpoints=keep_checkpoints, eval_every=eval_every, log_every=log_every,
         aux_layer_ids=_parse_layers(aux_layers), init_from=init_from, resume=resume,
-        time_limit=time_limit)
+        time_limit=time_limit, profile_steps=_parse_steps(profile_steps))
     run(cfg, console)
+
+
+def _parse_steps(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        a = b = -1
+    if not 0 <= a < b:
+        raise typer.BadParameter(f"{text!r}: expected A:B with 0 <= A < B, e.g. 10:13",
+                                 param_hint="--profile-steps")
+    return a, b
 
 
 def _parse_layers(text: str | None) -> tuple[int, ...] | None:

@@ -46,11 +46,15 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
     """Masked softmax attention -> [B, T, N, H].
 
     `impl="cudnn"` runs cuDNN's fused flash attention (GPU, bf16/fp16): the [B,N,T,S] scores
-    are never written to memory, which dominates the target's cost at T=2048.
+    are never written to memory, which dominates the target's cost at T=2048. When T == S the
+    mask must be causal (key s visible only if s <= t, as every caller's is): cuDNN is told so
+    and skips the tiles above the diagonal instead of computing and masking them.
     """
     if impl == "cudnn":
+        causal = q_BxTxNxH.shape[1] == k_BxSxKxH.shape[1]
         return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH,
-                                            mask=mask_BxTxS[:, None], implementation="cudnn")
+                                            mask=mask_BxTxS[:, None], is_causal=causal,
+                                            implementation="cudnn")
     s = attention_scores(q_BxTxNxH, k_BxSxKxH)
     s = jnp.where(mask_BxTxS[:, None, None], s, _MASKED)
     p = jax.nn.softmax(s, axis=-1).astype(v_BxSxKxH.dtype)

@@ -124,8 +124,9 @@ class Trainer:
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         init = (zeros, jnp.zeros((), jnp.float32), StepCounts.zeros(self.ttt.steps))
         (grads, loss, counts), _ = jax.lax.scan(micro, init, batch)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        with jax.named_scope("optimizer"):
+            updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
         metrics = StepMetrics(loss=loss, grad_norm=optax.tree.norm(grads),
                               lr=self.lr_at(state.step), tokens=(batch.segment_ids > 0).sum(),
                               counts=counts)

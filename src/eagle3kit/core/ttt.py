@@ -11,7 +11,9 @@ Alignment (column t of a packed row, step k = 0..K-1):
 
 Attention ("cache hidden"): at step k, column t attends causally to step 0's keys 0..t of
 its own document plus the keys of steps 1..k at column t itself, under one softmax, which is
-a chain-tree mask. Loss: sum_k decay**k * CE_k, CE_k the soft cross-entropy summed over
+a chain-tree mask. It runs in blocks of query rows, each against the step-0 keys up to its
+last row only (the causal triangle, not the square) and recomputed in the backward pass, so
+no [B, N, T, T] score tensor is ever held: T = 16,384 fits. Loss: sum_k decay**k * CE_k, CE_k the soft cross-entropy summed over
 trained positions divided by the step's masked-token count (`valid_counts`), so gradient
 accumulation and data parallelism give exactly the full-batch gradient.
 
@@ -29,7 +31,7 @@ import jax.numpy as jnp
 
 from eagle3kit.core import draft, target
 from eagle3kit.core.config import DraftConfig, TargetConfig
-from eagle3kit.core.layers import _MASKED, attention_scores, causal_mask
+from eagle3kit.core.layers import _MASKED, attend, causal_mask
 from eagle3kit.core.metrics import StepCounts, step_counts
 from eagle3kit.core.sharding import constrain
 
@@ -63,7 +65,10 @@ class TTTConfig:
     steps: int = 7
     decay: float = 0.8
     compute_dtype: Any = jnp.bfloat16
-    attention: str = "xla"  # the target's attention: "xla" or "cudnn" (layers.attend)
+    attention: str = "xla"  # "xla" or "cudnn" (layers.attend): the target's, and TTT step 0's
+    attention_block: int = 512  # query rows per block of the TTT attention (at most 16 blocks)
+    remat: bool = False  # recompute each whole step in the backward pass (saves memory, ~25%
+    # more draft FLOPs); the attention scores are recomputed either way
 
 
 @jax.tree_util.register_dataclass
@@ -105,10 +110,11 @@ def target_signals(target_w: target.TargetWeights, tcfg: TargetConfig, dcfg: Dra
     with jax.named_scope("target"):
         out = target.forward(target_w, tcfg, batch.tokens, batch.segment_ids, batch.positions,
                              dcfg.aux_layer_ids, attention)
-        logits = target.logits(target_w, out.hidden_BxTxD)
-        argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        draft_logits = jnp.take(logits, vocab.draft_to_target, axis=-1).astype(jnp.float32)
-        probs = constrain(jax.nn.softmax(draft_logits, axis=-1), ("batch", "seq", None))
+        with jax.named_scope("target_head"):
+            logits = target.logits(target_w, out.hidden_BxTxD)
+            argmax = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            draft_logits = jnp.take(logits, vocab.draft_to_target, axis=-1).astype(jnp.float32)
+            probs = constrain(jax.nn.softmax(draft_logits, axis=-1), ("batch", "seq", None))
         sig = TargetSignals(
             embeds_BxTxD=target.embed_tokens(target_w, batch.tokens),
             aux_BxTxA=out.aux_BxTxA,
@@ -119,37 +125,99 @@ def target_signals(target_w: target.TargetWeights, tcfg: TargetConfig, dcfg: Dra
     return jax.tree.map(jax.lax.stop_gradient, sig)
 
 
-def _ttt_attend(q_BxTxNxH, keys, values, mask0_BxTxT):
-    """Step-0 keys (causal, same document) plus the diagonal keys of steps 1..k."""
+def query_blocks(t: int, block: int) -> list[tuple[int, int]]:
+    """[start, stop) row ranges of the TTT attention: `block` rows, at most 16 blocks."""
+    block = max(block, -(-t // 16))
+    return [(s, min(s + block, t)) for s in range(0, t, block)]
+
+
+def _attend_block(qg_BxQxKxGxH, k0_BxSxKxH, v0_BxSxKxH, seg_q_BxQ, seg_s_BxS, diag_BxKxGxQxI,
+                  vd_BxQxIxKxH, start: int):
+    """Rows start..start+Q-1 against step-0 keys 0..S-1 (S = start + Q) and their own I
+    diagonal keys, under one softmax -> [B, Q, K, G, H]."""
+    q_len, h = qg_BxQxKxGxH.shape[1], qg_BxQxKxGxH.shape[-1]
+    s = jnp.einsum("bqkgh,bskh->bkgqs", qg_BxQxKxGxH, k0_BxSxKxH,
+                   preferred_element_type=jnp.float32) * (h ** -0.5)
+    rows = start + jnp.arange(q_len)
+    visible = ((jnp.arange(k0_BxSxKxH.shape[1])[None, :] <= rows[:, None])[None]
+               & (seg_q_BxQ[:, :, None] == seg_s_BxS[:, None, :]))  # B,Q,S
+    s = jnp.where(visible[:, None, None], s, _MASKED)
+    m = jnp.max(s, axis=-1)
+    if diag_BxKxGxQxI is not None:
+        m = jnp.maximum(m, jnp.max(diag_BxKxGxQxI, axis=-1))
+    e0 = jnp.exp(s - m[..., None])
+    z = jnp.sum(e0, axis=-1)
+    if diag_BxKxGxQxI is not None:
+        ed = jnp.exp(diag_BxKxGxQxI - m[..., None])
+        z = z + jnp.sum(ed, axis=-1)
+    dtype = v0_BxSxKxH.dtype
+    o = jnp.einsum("bkgqs,bskh->bqkgh", (e0 / z[..., None]).astype(dtype), v0_BxSxKxH)
+    if diag_BxKxGxQxI is not None:
+        o = o + jnp.einsum("bkgqi,bqikh->bqkgh", (ed / z[..., None]).astype(dtype), vd_BxQxIxKxH)
+    return o
+
+
+def _ttt_attend(q_BxTxNxH, keys, values, segment_ids_BxT, block: int = 512):
+    """Step-0 keys (causal, same document) plus the diagonal keys of steps 1..k, blockwise.
+
+    Each block of query rows sees the step-0 keys up to its own last row, so the blocks
+    above the diagonal are never computed; `jax.checkpoint` recomputes a block's scores in
+    the backward pass instead of saving them.
+    """
     b, t, n, h = q_BxTxNxH.shape
     kh = keys[0].shape[2]
-    s0 = attention_scores(q_BxTxNxH, keys[0])  # B,Kh,G,T,T
-    s0 = jnp.where(mask0_BxTxT[:, None, None], s0, _MASKED)
     qg = q_BxTxNxH.reshape(b, t, kh, n // kh, h)
-    diag = [jnp.einsum("btkgh,btkh->bkgt", qg, k_i, preferred_element_type=jnp.float32)
-            * (h ** -0.5) for k_i in keys[1:]]
-    s = jnp.concatenate([s0] + [d[..., None] for d in diag], axis=-1)
-    p = jax.nn.softmax(s, axis=-1).astype(values[0].dtype)
-    o = jnp.einsum("bkgts,bskh->btkgh", p[..., :t], values[0])
-    for i, v_i in enumerate(values[1:]):
-        o = o + jnp.einsum("bkgt,btkh->btkgh", p[..., t + i], v_i)
-    return o.reshape(b, t, n, h)
+    diag = vd = None
+    if len(keys) > 1:
+        diag = jnp.stack([jnp.einsum("btkgh,btkh->bkgt", qg, k_i,
+                                     preferred_element_type=jnp.float32) * (h ** -0.5)
+                          for k_i in keys[1:]], axis=-1)  # B,K,G,T,I
+        vd = jnp.stack(values[1:], axis=2)  # B,T,I,K,H
+    outs = []
+    for start, stop in query_blocks(t, block):
+        fn = jax.checkpoint(functools.partial(_attend_block, start=start))
+        outs.append(fn(qg[:, start:stop], keys[0][:, :stop], values[0][:, :stop],
+                       segment_ids_BxT[:, start:stop], segment_ids_BxT[:, :stop],
+                       None if diag is None else diag[:, :, :, start:stop],
+                       None if vd is None else vd[:, start:stop]))
+    return jnp.concatenate(outs, axis=1).reshape(b, t, n, h)
 
 
-def _one_step(w, hidden, emb, positions, keys, values, mask0, probs, target_argmax, valid,
-              in_draft, vocab, *, cfg: DraftConfig, k: int):
-    """Draft step k: returns (h, new key, new value, masked CE [B,T], correct [B,T])."""
-    p = draft.project(w, cfg, emb, hidden, positions)
-    keys, values = [*keys, p.k_BxTxKxH], [*values, p.v_BxTxKxH]
-    a = _ttt_attend(p.q_BxTxNxH, keys, values, mask0)
-    h = draft.finish(w, cfg, a, p.residual_BxTxD)
-    logits = draft.head(w, cfg, h).astype(jnp.float32)  # B,T,Vd
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    target_p = _shift(probs, 1 + k)
-    train = valid & _shift(in_draft, 1 + k)
-    ce = -jnp.sum(target_p * logp, axis=-1) * train
-    predicted = vocab.draft_to_target[jnp.argmax(logits, axis=-1)]
-    correct = valid & (predicted == _shift(target_argmax, 1 + k))
+def soft_cross_entropy(logits_BxTxVd: jax.Array, target_p_BxTxVd: jax.Array) -> jax.Array:
+    """-sum_v p log softmax(logits) = lse - sum(p * logits) for a distribution p, in fp32
+    -> [B, T] (rows where p is all zero are masked by the caller).
+
+    Written with the log-sum-exp so XLA fuses it into two reductions over the logits
+    instead of writing a [B, T, Vd] log-softmax.
+    """
+    logits = logits_BxTxVd.astype(jnp.float32)
+    return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(target_p_BxTxVd * logits, axis=-1)
+
+
+def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, target_argmax, valid,
+              in_draft, vocab, *, cfg: DraftConfig, k: int, block: int = 512,
+              attention: str = "xla"):
+    """Draft step k: returns (h, new key, new value, masked CE [B,T], correct [B,T]).
+
+    Step 0 has no diagonal keys: its attention is plain causal attention, which runs through
+    `layers.attend` (cuDNN flash attention when `attention="cudnn"`).
+    """
+    with jax.named_scope(f"ttt_step{k}"):
+        p = draft.project(w, cfg, emb, hidden, positions)
+        keys, values = [*keys, p.k_BxTxKxH], [*values, p.v_BxTxKxH]
+        with jax.named_scope("ttt_attention"):
+            if k == 0 and attention == "cudnn":
+                a = attend(p.q_BxTxNxH, p.k_BxTxKxH, p.v_BxTxKxH, causal_mask(segment_ids),
+                           attention)
+            else:
+                a = _ttt_attend(p.q_BxTxNxH, keys, values, segment_ids, block)
+        h = draft.finish(w, cfg, a, p.residual_BxTxD)
+        logits = draft.head(w, cfg, h)  # B,T,Vd in the compute dtype
+        with jax.named_scope("loss"):
+            train = valid & _shift(in_draft, 1 + k)
+            ce = soft_cross_entropy(logits, _shift(probs, 1 + k)) * train
+            predicted = vocab.draft_to_target[jnp.argmax(logits, axis=-1)]
+            correct = valid & (predicted == _shift(target_argmax, 1 + k))
     return h, p.k_BxTxKxH, p.v_BxTxKxH, ce, correct
 
 
@@ -159,18 +227,19 @@ def rollout(w: draft.DraftWeights, cfg: DraftConfig, sig: TargetSignals, batch: 
     """The K-step rollout -> (loss, counts). `w` is cast to `ttt.compute_dtype` here, so
     gradients reach the fp32 master weights in fp32."""
     w = draft.cast(w, ttt.compute_dtype)
-    mask0 = causal_mask(batch.segment_ids)
     valid = valid_masks(batch, ttt.steps)
     hidden = draft.fuse(w, sig.aux_BxTxA.astype(ttt.compute_dtype))
     embeds = sig.embeds_BxTxD.astype(ttt.compute_dtype)
     keys, values, ces, corrects = [], [], [], []
     loss = jnp.zeros((), jnp.float32)
     for k in range(ttt.steps):
-        # Recompute each step in the backward pass: keeps one step's [B,T,Vd] logits and
-        # [B,N,T,T] scores alive instead of K of them.
-        step = jax.checkpoint(functools.partial(_one_step, cfg=cfg, k=k))
+        step = functools.partial(_one_step, cfg=cfg, k=k, block=ttt.attention_block,
+                                 attention=ttt.attention)
+        if ttt.remat:  # keeps one step's activations alive in the backward pass, not K
+            step = jax.checkpoint(step)
         hidden, key, value, ce, correct = step(
-            w, hidden, _shift(embeds, 1 + k), batch.positions + k, keys, values, mask0,
+            w, hidden, _shift(embeds, 1 + k), batch.positions + k, keys, values,
+            batch.segment_ids,
             sig.probs_BxTxVd, sig.argmax_BxT, valid[k], sig.in_draft_BxT, vocab)
         keys.append(key)
         values.append(value)

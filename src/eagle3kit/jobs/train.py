@@ -82,6 +82,7 @@ class TrainConfig:
     init_from: str | None = None
     resume: bool = False
     time_limit: float | None = None  # seconds; then checkpoint and exit 75 (resumable)
+    profile_steps: tuple[int, int] | None = None  # trace steps [A, B) into OUT/profile
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -91,7 +92,8 @@ class TrainConfig:
 
 # fields a resumed run may change (how long, how often); everything else must match
 _RESUMABLE = {"epochs", "max_steps", "save_every", "keep_checkpoints", "eval_every",
-              "log_every", "resume", "eval_data", "mesh", "out", "attention", "time_limit"}
+              "log_every", "resume", "eval_data", "mesh", "out", "attention", "time_limit",
+              "profile_steps"}
 
 
 def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
@@ -198,6 +200,7 @@ def run(cfg: TrainConfig, console) -> Path:
     progress = TrainProgress(console, total_steps, start=step, log_every=cfg.log_every)
     pending = None
     last_saved = step
+    tracing = False
 
     def checkpoint() -> None:  # report the step still in flight first: its loss may be NaN
         nonlocal pending, last_saved
@@ -220,8 +223,15 @@ def run(cfg: TrainConfig, console) -> Path:
                     arrays = {k: v.reshape(cfg.grad_accum, -1, cfg.seq_len)
                               for k, v in arrays.items()}
                     batch = put_batch(trainer, arrays)
+                    if cfg.profile_steps and step == cfg.profile_steps[0]:
+                        jax.profiler.start_trace(str(out / "profile"))
+                        tracing = True
                     state, metrics = _step(trainer, state, target_w, vocab_dev, batch, cfg)
                     step, position = step + 1, position + 1
+                    if tracing and step == cfg.profile_steps[1]:
+                        jax.block_until_ready(metrics.loss)
+                        jax.profiler.stop_trace()
+                        tracing = False
                     if pending is not None:
                         _report(pending, log, progress, epoch)
                     pending = (step, metrics, time.time())
@@ -246,6 +256,8 @@ def run(cfg: TrainConfig, console) -> Path:
                                f"{checkpoints.checkpoint_dir(out)}; lower --lr or raise "
                                "--warmup-ratio, then --resume.") from None
     finally:
+        if tracing:
+            jax.profiler.stop_trace()
         if log:
             log.close()
     final = out / "final"
