@@ -20,7 +20,9 @@ def held_out(cid: str) -> bool:
 
 
 def split(d: Path) -> None:
-    regen = (d / "regen.jsonl").read_text().splitlines()
+    # a run stopped by a kill may end in a torn line: complete lines only
+    regen = (d / "regen.jsonl").read_text().splitlines(keepends=True)
+    regen = [line.rstrip("\n") for line in regen if line.endswith("\n")]
     ids = {json.loads(line)["id"] for line in regen}
     orig = [line for line in (d / "chats.jsonl").read_text().splitlines()
             if json.loads(line)["id"] in ids]
