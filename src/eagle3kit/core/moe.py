@@ -1,0 +1,142 @@
+"""Routed experts (Qwen3-MoE, gpt-oss) with expert parallelism.
+
+Each token picks `top_k` experts from its router logits. The (token, expert) pairs are sorted
+by expert and run as one grouped matmul (`lax.ragged_dot`), so compute follows the routed
+tokens, not tokens x experts.
+
+Expert parallelism: the expert dimension of every expert weight has the logical axis
+`experts`, which `sharding.RULES` maps onto a mesh axis. Under a mesh the expert MLP runs in
+`shard_map`: the tokens of a batch shard are replicated along the expert axis (as they already
+are for the tensor-parallel attention), each device runs the pairs routed to its own experts,
+and one all-reduce over the expert axis sums the partial outputs: the same collective, on the
+same [B, T, D] tensor, as a tensor-parallel dense MLP. No all-to-all is needed because every
+device already holds its batch shard's tokens.
+
+Shape letters: B batch, T tokens, D hidden, E experts (El on one device), F expert width,
+N = B*T tokens, P = N*top_k routed pairs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from eagle3kit.core.config import MoeConfig
+from eagle3kit.core.sharding import active_mesh, mesh_axis, spec_for
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class ExpertWeights:
+    """One layer's (or, stacked, every sparse layer's) router and experts, (in, out) layout."""
+
+    router: Any  # D,E
+    gate: Any  # E,D,F
+    up: Any  # E,D,F
+    down: Any  # E,F,D
+    router_bias: Any = None  # E (gpt-oss)
+    gate_bias: Any = None  # E,F
+    up_bias: Any = None  # E,F
+    down_bias: Any = None  # E,D
+
+
+# logical axes of one layer's expert weights (the stacked ones add "layers" in front)
+AXES = {
+    "router": ("embed", None), "router_bias": (None,),
+    "gate": ("experts", "embed", "expert_ffw"), "up": ("experts", "embed", "expert_ffw"),
+    "down": ("experts", "expert_ffw", "embed"),
+    "gate_bias": ("experts", "expert_ffw"), "up_bias": ("experts", "expert_ffw"),
+    "down_bias": ("experts", "embed"),
+}
+
+
+def route(x_NxD: jax.Array, w: ExpertWeights, cfg: MoeConfig) -> tuple[jax.Array, jax.Array]:
+    """Top-k expert ids [N, k] and their weights [N, k] (in x's dtype)."""
+    logits = jnp.einsum("nd,de->ne", x_NxD, w.router)
+    if w.router_bias is not None:
+        logits = logits + w.router_bias
+    logits = logits.astype(jnp.float32)
+    if cfg.routing == "topk_softmax":
+        top, ids = jax.lax.top_k(logits, cfg.top_k)
+        probs = jax.nn.softmax(top, axis=-1)
+    else:
+        probs, ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), cfg.top_k)
+        if cfg.norm_topk_prob:
+            probs = probs / probs.sum(axis=-1, keepdims=True)
+    return ids, probs.astype(x_NxD.dtype)
+
+
+def _activation(g: jax.Array, u: jax.Array, cfg: MoeConfig) -> jax.Array:
+    if not cfg.swiglu_limit:
+        return jax.nn.silu(g) * u
+    g = jnp.minimum(g, cfg.swiglu_limit)
+    u = jnp.clip(u, -cfg.swiglu_limit, cfg.swiglu_limit)
+    return (u + 1) * (g * jax.nn.sigmoid(g * cfg.swiglu_alpha))
+
+
+def _local_experts(x_NxD, ids_NxK, probs_NxK, w: ExpertWeights, first_expert, cfg: MoeConfig):
+    """Sum over the pairs routed to experts first_expert..first_expert+El-1 held here."""
+    n, k = ids_NxK.shape
+    e_local = w.gate.shape[0]
+    local = ids_NxK.reshape(-1) - first_expert
+    key_P = jnp.where((local >= 0) & (local < e_local), local, e_local)  # e_local: elsewhere
+    order = jnp.argsort(key_P, stable=True)
+    key_P = key_P[order]
+    rows_P = order // k
+    sizes = jnp.bincount(key_P, length=e_local + 1)[:e_local].astype(jnp.int32)
+    x_PxD = x_NxD[rows_P]  # pairs of other devices' experts sort last; ragged_dot zeroes them
+    g = jax.lax.ragged_dot(x_PxD, w.gate, sizes)
+    u = jax.lax.ragged_dot(x_PxD, w.up, sizes)
+    here = jnp.minimum(key_P, e_local - 1)
+    if w.gate_bias is not None:
+        g, u = g + w.gate_bias[here], u + w.up_bias[here]
+    y = jax.lax.ragged_dot(_activation(g, u, cfg), w.down, sizes)
+    if w.down_bias is not None:
+        y = y + w.down_bias[here]
+    weight_P = jnp.where(key_P < e_local, probs_NxK.reshape(-1)[order], 0)
+    out = jnp.zeros(x_NxD.shape, jnp.float32).at[rows_P].add(
+        (y * weight_P[:, None]).astype(jnp.float32))
+    return out
+
+
+def moe_mlp(x_BxTxD: jax.Array, w: ExpertWeights, cfg: MoeConfig) -> jax.Array:
+    """The routed-experts MLP of one layer -> [B, T, D]."""
+    b, t, d = x_BxTxD.shape
+    with jax.named_scope("moe"):
+        ids, probs = route(x_BxTxD.reshape(b * t, d), w, cfg)
+        ids, probs = ids.reshape(b, t, -1), probs.reshape(b, t, -1)
+        mesh = active_mesh()
+        expert_axis = mesh_axis("experts")
+        if mesh is None or mesh.size == 1:
+            out = _local_experts(x_BxTxD.reshape(b * t, d), ids.reshape(b * t, -1),
+                                 probs.reshape(b * t, -1), w, 0, cfg)
+            return out.reshape(b, t, d).astype(x_BxTxD.dtype)
+
+        batch_axis = mesh_axis("batch")
+        if batch_axis is not None and b % mesh.shape[batch_axis]:
+            batch_axis = None  # an odd batch stays replicated
+        tok_spec = PartitionSpec(batch_axis)
+        experts = dataclasses.replace(w, router=None, router_bias=None)
+        w_specs = {f.name: spec_for(AXES[f.name]) for f in dataclasses.fields(experts)
+                   if getattr(experts, f.name) is not None}
+
+        def local(x, ids, probs, ew):
+            bl = x.shape[0]
+            first = 0
+            if expert_axis is not None:
+                first = jax.lax.axis_index(expert_axis) * ew["gate"].shape[0]
+            ewd = ExpertWeights(router=None, **ew)
+            out = _local_experts(x.reshape(bl * t, d), ids.reshape(bl * t, -1),
+                                 probs.reshape(bl * t, -1), ewd, first, cfg)
+            out = out.reshape(bl, t, d).astype(x.dtype)
+            # the one collective: as a tensor-parallel MLP's all-reduce, in the model dtype
+            return out if expert_axis is None else jax.lax.psum(out, expert_axis)
+
+        ew = {name: getattr(experts, name) for name in w_specs}
+        return jax.shard_map(local, mesh=mesh,
+                             in_specs=(tok_spec, tok_spec, tok_spec, w_specs),
+                             out_specs=tok_spec)(x_BxTxD, ids, probs, ew)
