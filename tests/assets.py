@@ -79,14 +79,15 @@ TINY = {
 }
 
 
-def tiny_hf_model(family: str, directory: Path, seed: int = 0):
-    """Builds a tiny random HF model, saves it as safetensors, returns the torch model."""
+def tiny_hf_model(family: str, directory: Path, seed: int = 0, **overrides):
+    """Builds a tiny random HF model (TINY[family] updated with `overrides`), saves it as
+    safetensors, returns the torch model."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     # transformers mutates nested dicts (rope_scaling): hand it a copy
-    cfg = transformers.AutoConfig.for_model(**copy.deepcopy(TINY[family]))
+    cfg = transformers.AutoConfig.for_model(**copy.deepcopy({**TINY[family], **overrides}))
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # biases are zero-initialised; make them count
         for name, p in model.named_parameters():

@@ -9,6 +9,8 @@ scaling, scaled embeddings and a tied head (Gemma-3). Tolerance as in test_targe
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,7 @@ import pytest
 
 from eagle3kit.core import target
 from eagle3kit.core.sharding import make_mesh, use_mesh
+from eagle3kit.errors import InputError, UserError
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
 from tests.core.test_target import assert_close, torch_reference
@@ -70,3 +73,89 @@ def test_configs_read_the_family_features(tmp_path):
     assert gemma.layer_rope_index() == (1, 0, 1, 0) and gemma.tie_word_embeddings
     assert (gemma.rope.theta, gemma.rope.kind, gemma.local_rope.theta) == (1e6, "linear", 1e4)
     assert gemma.query_scale == pytest.approx(24 ** -0.5)
+
+
+def test_mxfp4_experts_dequantise_as_transformers_does(tmp_path):
+    """A gpt-oss checkpoint with MXFP4 experts: our numpy dequantisation on load gives the
+    forward of transformers' model holding transformers' own dequantisation of the same
+    bytes."""
+    import torch
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from eagle3kit.io import safetensors as st
+
+    model = assets.tiny_hf_model("gpt_oss", tmp_path)
+    tensors, _ = st.load(tmp_path / "model.safetensors")
+    rng = np.random.default_rng(5)
+    e, d, f = 4, 64, 32
+    for i in range(4):
+        prefix = f"model.layers.{i}.mlp.experts."
+        for name, rows, cols in (("gate_up_proj", 2 * f, d), ("down_proj", d, f)):
+            blocks = rng.integers(0, 256, (e, rows, cols // 32, 16), dtype=np.uint8)
+            scales = rng.integers(119, 123, (e, rows, cols // 32), dtype=np.uint8)
+            del tensors[prefix + name]
+            tensors[prefix + name + "_blocks"], tensors[prefix + name + "_scales"] = blocks, scales
+            param = getattr(model.model.layers[i].mlp.experts, name)
+            with torch.no_grad():
+                param.copy_(convert_moe_packed_tensors(torch.tensor(blocks), torch.tensor(scales),
+                                                       dtype=torch.float32))
+    st.save(tmp_path / "model.safetensors", tensors)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4",
+                                  "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    tokens = np.random.default_rng(6).integers(0, 96, size=(2, 40))
+    ref_logits, _ = torch_reference(model, tokens, ())
+    mesh = make_mesh("data=1", jax.devices()[:1])
+    _, logits, _ = jax_forward(resolve_target(tmp_path), mesh, tokens, (1,))
+    assert_close(logits, ref_logits, "gpt-oss MXFP4 logits")
+
+
+def test_cached_decoding_keeps_windows_and_sinks(tmp_path):
+    """forward_cached (keys from a cache, positions from the cache slots) equals the full
+    forward on gpt-oss, whose windows (8) are shorter than the 20 tokens."""
+    assets.tiny_hf_model("gpt_oss", tmp_path)
+    ckpt = resolve_target(tmp_path)
+    cfg = ckpt.config
+    w = load_target(ckpt, make_mesh("data=1", jax.devices()[:1]), jnp.float32)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (1, 20)))
+    full = target.forward(w, cfg, tokens)
+    cache = target.KVCache.zeros(cfg, 1, 32, jnp.float32)
+    out1, cache = target.forward_cached(w, cfg, tokens[:, :12], jnp.int32(0), cache)
+    out2, cache = target.forward_cached(w, cfg, tokens[:, 12:], jnp.int32(12), cache)
+    hidden = np.concatenate([out1.hidden_BxTxD, out2.hidden_BxTxD], axis=1)
+    assert_close(hidden, full.hidden_BxTxD, "cached hidden")
+
+
+def _edit_config(directory, **changes):
+    path = directory / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg.update(changes)
+    path.write_text(json.dumps(cfg))
+
+
+def test_bad_input_is_one_clear_error_before_device_work(tmp_path):
+    assets.tiny_hf_model("gpt_oss", tmp_path)
+    _edit_config(tmp_path, model_type="llama4_text", architectures=["Llama4ForCausalLM"])
+    with pytest.raises(InputError, match=r"model_type='llama4_text'.*supported: gemma3_text "
+                                         r"\(Gemma3ForCausalLM\), gpt_oss \(GptOssForCausalLM\)"):
+        resolve_target(tmp_path)
+    _edit_config(tmp_path, model_type="gpt_oss", quantization_config={"quant_method": "fp8"})
+    with pytest.raises(InputError, match="quant_method='fp8' is not understood for gpt_oss"):
+        resolve_target(tmp_path)
+    _edit_config(tmp_path, quantization_config={"quant_method": "mxfp4"})
+    from eagle3kit.io import safetensors as st
+
+    tensors, _ = st.load(tmp_path / "model.safetensors")
+    name = "model.layers.0.mlp.experts.down_proj"
+    tensors[name + "_blocks"] = np.zeros((4, 64, 1, 8), np.uint8)  # 8 bytes: not MXFP4's 16
+    tensors[name + "_scales"] = np.zeros((4, 64, 1), np.uint8)
+    del tensors[name]
+    st.save(tmp_path / "model.safetensors", tensors)
+    with pytest.raises(InputError, match="not an MXFP4 layout"):
+        load_target(resolve_target(tmp_path), make_mesh("data=1", jax.devices()[:1]))
+    moe_dir = tmp_path / "moe"
+    assets.tiny_hf_model("qwen3_moe", moe_dir, num_key_value_heads=4, num_experts=6)
+    ckpt = resolve_target(moe_dir)  # tensor=4 divides the heads, not the 6 experts
+    with pytest.raises(UserError, match="experts dimension 6 is not divisible by tensor=4"):
+        load_target(ckpt, make_mesh("data=2,tensor=4"), jnp.float32)

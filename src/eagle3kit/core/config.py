@@ -185,7 +185,6 @@ class TargetConfig:
     attn_softcap: float = 0.0  # tanh soft cap on attention scores; 0 = none
     # ---- Gemma-3: (1 + w) RMSNorm, sqrt(D)-scaled embeddings, norms after attention and MLP
     gemma_norms: bool = False
-    final_softcap: float = 0.0  # tanh soft cap on the logits; 0 = none
     mlp_activation: str = "silu"  # "silu" | "gelu_tanh"
     moe: MoeConfig | None = None
 
@@ -339,6 +338,8 @@ def _gemma3_fields(d: dict[str, Any], n: int, source: object) -> dict[str, Any]:
     else:  # 4.x: rope_theta (+ rope_scaling) for global layers, rope_local_base_freq
         rope = RopeConfig.from_hf(d, source)
         local = RopeConfig(theta=float(d.get("rope_local_base_freq", 10000.0)))
+    if d.get("final_logit_softcapping"):  # Gemma-2's; no Gemma-3 release sets it
+        raise InputError("final_logit_softcapping is not supported", path=source)
     act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise InputError(f"Gemma-3 hidden_activation {act!r} is not supported", path=source)
@@ -347,7 +348,6 @@ def _gemma3_fields(d: dict[str, Any], n: int, source: object) -> dict[str, Any]:
         "layer_windows": _layer_windows(d, n, source),
         "query_scale": float(d.get("query_pre_attn_scalar") or d["head_dim"]) ** -0.5,
         "attn_softcap": float(d.get("attn_logit_softcapping") or 0.0),
-        "final_softcap": float(d.get("final_logit_softcapping") or 0.0),
         "gemma_norms": True, "mlp_activation": "gelu_tanh",
         "tie_word_embeddings": bool(d.get("tie_word_embeddings", True)),
     }
