@@ -4,6 +4,8 @@
         --seq-len 2048 --batch-size 4,8 --grad-accum 2 --attention xla,cudnn
     python benchmarks/train_step.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
         --batch-size 4   # memory and speed of an 8B target without its weights
+    python benchmarks/train_step.py --random-target benchmarks/configs/qwen3-30b-a3b.json \
+        --batch-size 2,4   # an MoE target (also gpt-oss-20b.json, gemma-3-27b-it.json)
 
 Packed rows of random documents (64..2048 tokens) with real segment structure; the step is the
 same jitted function `eagle3kit train` runs. TFLOP/s divides the
@@ -80,7 +82,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     dev = jax.devices()[0]
     print(f"device: {jax.device_count()} x {dev.device_kind}; target {tcfg.name} "
-          f"({tcfg.num_params / 1e6:.0f}M params), draft {dcfg.num_params / 1e6:.1f}M, "
+          f"({tcfg.num_params / 1e6:.0f}M params, {tcfg.active_params / 1e6:.0f}M active), draft {dcfg.num_params / 1e6:.1f}M, "
           f"K={args.ttt_length}, T={args.seq_len}, accum={args.grad_accum}")
     print(f"{'batch':>5} {'attn':>6} {'compile s':>9} {'step ms':>8} {'tokens/s':>10} "
           f"{'TFLOP/s':>8} {'peak GiB':>8}")
@@ -120,14 +122,16 @@ def main() -> None:
 def model_flops(tcfg, dcfg, tokens: int, seq_len: int, steps: int) -> float:
     """Model FLOPs of one step (the MFU convention: rematerialisation not counted).
 
-    Target forward 2*P per token plus causal attention; draft forward+backward 6*P per token
+    Target forward 2*P per token (P: the active parameters of an MoE) plus causal attention; draft forward+backward 6*P per token
     and TTT step plus its attention (the step-0 keys; the diagonal keys are negligible).
     Attention spans T/2 keys on average (an upper bound for packed, shorter documents).
     """
-    def attn(cfg, layers):  # q.k and p.v, forward, per token
-        return layers * 2 * 2 * (seq_len / 2) * cfg.num_heads * cfg.head_dim
-    target = 2 * tcfg.num_params + attn(tcfg, tcfg.num_layers)
-    draft = 6 * dcfg.num_params + 3 * attn(dcfg, 1)
+    def attn(cfg, keys):  # q.k and p.v, forward, per token, summed over layers
+        return 2 * 2 * keys * cfg.num_heads * cfg.head_dim
+    windows = tcfg.layer_windows or (0,) * tcfg.num_layers  # a sliding window caps the keys
+    target_keys = sum(min(seq_len / 2, w) if w else seq_len / 2 for w in windows)
+    target = 2 * tcfg.active_params + attn(tcfg, target_keys)
+    draft = 6 * dcfg.num_params + 3 * attn(dcfg, seq_len / 2)
     return tokens * (target + steps * draft)
 
 

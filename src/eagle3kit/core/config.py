@@ -254,6 +254,15 @@ class TargetConfig:
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
         return self.vocab_size * d + n * per_layer + mlp + d + head
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through (routed experts count top_k of num_experts)."""
+        if self.moe is None:
+            return self.num_params
+        m = self.moe
+        idle = m.num_sparse * (m.num_experts - m.top_k) * 3 * self.hidden_size * m.expert_size
+        return self.num_params - idle
+
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -399,7 +408,9 @@ class DraftConfig:
             target_hidden_size=target.hidden_size,
             aux_layer_ids=ids,
             rms_norm_eps=target.rms_norm_eps,
-            rope=target.rope,
+            # A YaRN target (gpt-oss) gets a plain rope of the same base, as the published
+            # gpt-oss drafts use: the draft head does not scale cos/sin by YaRN's mscale.
+            rope=target.rope if target.rope.kind != "yarn" else RopeConfig(theta=target.rope.theta),
             max_position_embeddings=target.max_position_embeddings,
         )
 
