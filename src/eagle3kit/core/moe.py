@@ -1,8 +1,8 @@
 """Routed experts (Qwen3-MoE, gpt-oss) with expert parallelism.
 
 Each token picks `top_k` experts from its router logits. The (token, expert) pairs are sorted
-by expert and run as one grouped matmul (`lax.ragged_dot`), so compute follows the routed
-tokens, not tokens x experts.
+by expert and run as one grouped matmul in blocks (`_local_experts`), so compute follows the
+routed tokens, not tokens x experts.
 
 Expert parallelism: the expert dimension of every expert weight has the logical axis
 `experts`, which `sharding.RULES` maps onto a mesh axis. Under a mesh the expert MLP runs in
@@ -78,29 +78,54 @@ def _activation(g: jax.Array, u: jax.Array, cfg: MoeConfig) -> jax.Array:
     return (u + 1) * (g * jax.nn.sigmoid(g * cfg.swiglu_alpha))
 
 
+# Rows per block of the grouped matmul: each expert's pairs are padded to a multiple of it.
+BLOCK = 128
+
+
 def _local_experts(x_NxD, ids_NxK, probs_NxK, w: ExpertWeights, first_expert, cfg: MoeConfig):
-    """Sum over the pairs routed to experts first_expert..first_expert+El-1 held here."""
+    """Sum over the pairs routed to experts first_expert..first_expert+El-1 held here.
+
+    A grouped matmul in blocks: pairs sorted by expert, each expert's run padded to whole
+    blocks of BLOCK rows, then one batched matmul of every block with its expert's weight.
+    Exact (no capacity, nothing dropped), static shapes, backend-independent, and the padding
+    costs at most El * (BLOCK - 1) rows. (`lax.ragged_dot` would avoid it, but without a
+    grouped-GEMM kernel it lowers to a dense [experts, pairs, D] product.)
+    """
     n, k = ids_NxK.shape
+    d = x_NxD.shape[1]
     e_local = w.gate.shape[0]
+    p = n * k
     local = ids_NxK.reshape(-1) - first_expert
     key_P = jnp.where((local >= 0) & (local < e_local), local, e_local)  # e_local: elsewhere
     order = jnp.argsort(key_P, stable=True)
     key_P = key_P[order]
     rows_P = order // k
-    sizes = jnp.bincount(key_P, length=e_local + 1)[:e_local].astype(jnp.int32)
-    x_PxD = x_NxD[rows_P]  # pairs of other devices' experts sort last; ragged_dot zeroes them
-    g = jax.lax.ragged_dot(x_PxD, w.gate, sizes)
-    u = jax.lax.ragged_dot(x_PxD, w.up, sizes)
-    here = jnp.minimum(key_P, e_local - 1)
+    here = key_P < e_local
+    expert_P = jnp.minimum(key_P, e_local - 1)
+    counts = jnp.bincount(key_P, length=e_local + 1)[:e_local]
+    padded = (counts + BLOCK - 1) // BLOCK * BLOCK
+    blocks = -(-(p + e_local * (BLOCK - 1)) // BLOCK)  # static bound on the padded blocks
+    r = blocks * BLOCK
+    # where each sorted pair goes in the padded layout (row r: dropped, another device's)
+    rank_P = jnp.arange(p) - (jnp.cumsum(counts) - counts)[expert_P]
+    dest_P = jnp.where(here, (jnp.cumsum(padded) - padded)[expert_P] + rank_P, r)
+    x_RxD = jnp.zeros((r, d), x_NxD.dtype).at[dest_P].set(x_NxD[rows_P], mode="drop")
+    block_expert = jnp.minimum(
+        jnp.searchsorted(jnp.cumsum(padded), jnp.arange(blocks) * BLOCK, side="right"),
+        e_local - 1)
+    xb = x_RxD.reshape(blocks, BLOCK, d)
+    g = jnp.einsum("bcd,bdf->bcf", xb, w.gate[block_expert])
+    u = jnp.einsum("bcd,bdf->bcf", xb, w.up[block_expert])
     if w.gate_bias is not None:
-        g, u = g + w.gate_bias[here], u + w.up_bias[here]
-    y = jax.lax.ragged_dot(_activation(g, u, cfg), w.down, sizes)
+        g = g + w.gate_bias[block_expert][:, None]
+        u = u + w.up_bias[block_expert][:, None]
+    y = jnp.einsum("bcf,bfd->bcd", _activation(g, u, cfg), w.down[block_expert])
     if w.down_bias is not None:
-        y = y + w.down_bias[here]
-    weight_P = jnp.where(key_P < e_local, probs_NxK.reshape(-1)[order], 0)
-    out = jnp.zeros(x_NxD.shape, jnp.float32).at[rows_P].add(
-        (y * weight_P[:, None]).astype(jnp.float32))
-    return out
+        y = y + w.down_bias[block_expert][:, None]
+    y_PxD = y.reshape(r, d).at[dest_P].get(mode="fill", fill_value=0)
+    weight_P = jnp.where(here, probs_NxK.reshape(-1)[order], 0)
+    return jnp.zeros((n, d), jnp.float32).at[rows_P].add(
+        (y_PxD * weight_P[:, None]).astype(jnp.float32))
 
 
 def moe_mlp(x_BxTxD: jax.Array, w: ExpertWeights, cfg: MoeConfig) -> jax.Array:
