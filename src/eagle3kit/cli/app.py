@@ -11,7 +11,7 @@ from eagle3kit import __version__
 app = typer.Typer(
     name="eagle3kit",
     help="Train EAGLE3 speculative-decoding draft heads in pure JAX.\n\n"
-    "Pipeline: mix | tokenize | vocab-select, then train, eval, convert, push.",
+    "Pipeline: mix [| regenerate] | tokenize | vocab-select, then train, eval, convert, push.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -40,6 +40,9 @@ from eagle3kit.cli import mix, tokenize, vocab_select  # noqa: E402, I001
 app.command("mix")(mix.mix)
 app.command("tokenize")(tokenize.tokenize)
 app.command("vocab-select")(vocab_select.vocab_select)
+from eagle3kit.cli import regenerate  # noqa: E402
+
+app.command("regenerate")(regenerate.regenerate)
 from eagle3kit.cli import train  # noqa: E402
 
 app.command("train")(train.train)

@@ -252,7 +252,8 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
 @dataclasses.dataclass(frozen=True)
 class TargetOutput:
     hidden_BxTxD: jax.Array  # final-normed hidden state (input of the lm head)
-    aux_BxTxA: jax.Array  # captured states concatenated, A = len(aux_layer_ids) * D
+    aux_BxTxA: jax.Array | None  # captured states concatenated, A = len(aux_layer_ids) * D;
+    # None when no layer is captured (`aux_layer_ids=()`, plain generation)
 
 
 def _capture_slots(cfg: TargetConfig, unique_ids: tuple[int, ...]) -> jax.Array:
@@ -281,21 +282,25 @@ def _scan_layers(w: TargetWeights, cfg: TargetConfig, tokens_BxT, positions_BxT,
     b, t, d = x.shape
     if cfg.gemma_norms:  # Gemma scales the embeddings by sqrt(D), rounded to the weight dtype
         x = x * jnp.asarray(math.sqrt(d), x.dtype)
-    aux = jnp.zeros((n + 1, b, t, d), x.dtype)
+    # no capture asked (plain generation): no aux buffer and no per-layer write at all
+    aux = jnp.zeros((n + 1, b, t, d), x.dtype) if n else None
 
     def body(carry, xs):
         x, aux, extra = carry
         lw, mw, layer = xs
-        aux = jax.lax.dynamic_update_slice(aux, x[None], (slots[layer], 0, 0, 0))
+        if n:
+            aux = jax.lax.dynamic_update_slice(aux, x[None], (slots[layer], 0, 0, 0))
         x, extra = _layer(x, lw, cfg, positions_BxT, tables, kv_fn, mlp_fn, mw, layer, extra,
                           attn_impl)
         return (x, aux, extra), None
 
     (x, aux, extra), _ = jax.lax.scan(body, (x, aux, extra),
                                       (w.layers, mlp_xs, jnp.arange(cfg.num_layers)))
+    x = (gemma_rms_norm if cfg.gemma_norms else rms_norm)(x, w.final_norm, cfg.rms_norm_eps)
+    if not n:
+        return TargetOutput(x, None), extra
     order = [unique.index(i) for i in aux_layer_ids]  # ids may repeat on tiny models
     aux_BxTxA = jnp.moveaxis(aux[jnp.asarray(order)], 0, 2).reshape(b, t, len(order) * d)
-    x = (gemma_rms_norm if cfg.gemma_norms else rms_norm)(x, w.final_norm, cfg.rms_norm_eps)
     return TargetOutput(x, constrain(aux_BxTxA, ("batch", "seq", "act_embed"))), extra
 
 
@@ -309,7 +314,7 @@ def forward(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
     Returns the final-normed hidden state and the captured auxiliary states.
     `attn_impl`: "xla" or "cudnn" (see layers.attend).
     """
-    aux_layer_ids = aux_layer_ids or cfg.default_aux_layer_ids()
+    aux_layer_ids = cfg.default_aux_layer_ids() if aux_layer_ids is None else aux_layer_ids
     b, t = tokens_BxT.shape
     if segment_ids_BxT is None:
         segment_ids_BxT = jnp.ones((b, t), jnp.int32)
@@ -355,7 +360,7 @@ def forward_cached(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
     Keys beyond each query's own position are masked, so stale entries left by rejected
     speculative tokens are never read; they are overwritten by the next call.
     """
-    aux_layer_ids = aux_layer_ids or cfg.default_aux_layer_ids()
+    aux_layer_ids = cfg.default_aux_layer_ids() if aux_layer_ids is None else aux_layer_ids
     b, t = tokens_BxT.shape
     max_len = cache.k.shape[2]
     positions = jnp.broadcast_to(start + jnp.arange(t), (b, t))
@@ -370,5 +375,50 @@ def forward_cached(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
         return ck[layer], cv[layer], mask, key_positions, (ck, cv)
 
     out, (k, v) = _scan_layers(w, cfg, tokens_BxT, positions, aux_layer_ids, kv_fn,
+                               (cache.k, cache.v))
+    return out, KVCache(k, v)
+
+
+def forward_rows(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
+                 positions_BxT: jax.Array, cache: KVCache, *, rows_B: jax.Array | None = None,
+                 window: int | None = None, prefill: bool = False,
+                 aux_layer_ids: tuple[int, ...] = ()) -> tuple[TargetOutput, KVCache]:
+    """Forward of T new tokens per row, each row at its own positions (batched generation).
+
+    The cache holds C independent rows of S positions (`cache.k` is [L, C, S, K, H]); a
+    position's keys live at that index of its row, so each row has its own RoPE positions
+    and length. Batch row b writes its keys at `positions_BxT[b]` of cache row `rows_B[b]`
+    (default: row b, then B == C) and attends to the keys at positions <= its own.
+
+    prefill  the T tokens start a sequence at position 0: they attend to each other only
+             (causally), so no cache is read; padding after a prompt writes keys past its
+             end, which later tokens overwrite before any query can reach them.
+    window   otherwise keys are read from the first `window` positions of the row (a
+             static bound >= every query position + 1: decoding reads no more of the
+             cache than the longest sequence needs).
+
+    Writes past the cache's end are dropped. `aux_layer_ids=()` captures nothing.
+    """
+    b, t = tokens_BxT.shape
+    rows = jnp.arange(b) if rows_B is None else rows_B
+    window = cache.k.shape[2] if window is None else window
+    if prefill:
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+    else:
+        mask = jnp.arange(window)[None, None, :] <= positions_BxT[:, :, None]
+    key_positions = jnp.broadcast_to(jnp.arange(window), (b, window))  # a slot is a position
+
+    def kv_fn(k, v, layer, extra):
+        ck, cv = extra
+        ck = ck.at[layer, rows[:, None], positions_BxT].set(k.astype(ck.dtype), mode="drop")
+        cv = cv.at[layer, rows[:, None], positions_BxT].set(v.astype(cv.dtype), mode="drop")
+        if prefill:
+            return k, v, mask, positions_BxT, (ck, cv)
+        keys, values = ck[layer, :, :window], cv[layer, :, :window]
+        if rows_B is not None:
+            keys, values = keys[rows], values[rows]
+        return keys, values, mask, key_positions, (ck, cv)
+
+    out, (k, v) = _scan_layers(w, cfg, tokens_BxT, positions_BxT, aux_layer_ids, kv_fn,
                                (cache.k, cache.v))
     return out, KVCache(k, v)

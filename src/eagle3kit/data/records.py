@@ -1,7 +1,8 @@
 """The JSONL records of the data pipeline, as msgspec Structs with reused encoders/decoders.
 
-    mix       -> ChatRecord   {"id", "source", "messages": [{"role", "content"}]}
-    tokenize  -> TokenRecord  {"id", "input_ids", "loss_mask", "tokenizer"}
+    mix         -> ChatRecord         {"id", "source", "messages": [{"role", "content"}]}
+    regenerate  -> RegeneratedRecord  a ChatRecord plus "generation" (how it was made)
+    tokenize    -> TokenRecord        {"id", "input_ids", "loss_mask", "tokenizer"}
 
 A reader yields records one line at a time (memory stays flat however large the file) and
 stops at the first bad line with an `InputError` that names the file and line. `-` reads stdin.
@@ -35,6 +36,45 @@ class ChatRecord(msgspec.Struct):
     id: str = ""
     source: str = ""
     messages: list[Message] = []
+
+
+class TurnInfo(msgspec.Struct):
+    """One regenerated answer: why it ended and its size in tokens."""
+
+    finish_reason: str  # "stop" (end-of-turn token) or "length" (--max-new-tokens/context)
+    prompt_tokens: int
+    new_tokens: int
+
+
+class GenerationInfo(msgspec.Struct):
+    """How a regenerated conversation was made (what `--resume` checks it continues)."""
+
+    target: str  # as given (path, Hub id, or the model name at --endpoint)
+    target_digest: str  # 16 hex digits over the target's config and tokenizer
+    temperature: float
+    top_p: float
+    seed: int
+    max_new_tokens: int
+    max_context: int
+    thinking: bool | None
+    turns: list[TurnInfo] = []
+
+    def settings(self) -> tuple:
+        """Everything but the per-turn facts: equal for every record of one run."""
+        return (self.target_digest, self.temperature, self.top_p, self.seed,
+                self.max_new_tokens, self.max_context, self.thinking)
+
+
+class RegeneratedRecord(msgspec.Struct):
+    """A conversation whose assistant turns the target wrote (`eagle3kit regenerate`).
+
+    Decodes as a `ChatRecord` too (unknown fields are ignored), so `tokenize` reads it as is.
+    """
+
+    id: str
+    source: str
+    messages: list[Message]
+    generation: GenerationInfo
 
 
 Bit = Annotated[int, msgspec.Meta(ge=0, le=1)]

@@ -1,0 +1,104 @@
+"""`eagle3kit regenerate`: the target rewrites every assistant turn of the training data."""
+
+from __future__ import annotations
+
+import typer
+
+from eagle3kit.cli._common import console, example, handle_errors
+
+EXAMPLE = """
+eagle3kit mix sharegpt.json -n 2000 --seed 0 \\
+  | eagle3kit regenerate --target HuggingFaceTB/SmolLM2-135M-Instruct --max-new-tokens 1024 \\
+      -o regenerated.jsonl
+eagle3kit regenerate --target HuggingFaceTB/SmolLM2-135M-Instruct -i mixed.jsonl \\
+  -o regenerated.jsonl --resume
+eagle3kit regenerate --target Qwen/Qwen3-8B --no-thinking --endpoint http://127.0.0.1:30000 \\
+  --concurrency 64 -i mixed.jsonl -o regenerated.jsonl
+"""
+
+
+@handle_errors
+def regenerate(
+    target: str = typer.Option(..., help="Target model: HF directory, .gguf file or Hub id "
+                               "(with --endpoint: its tokenizer and the model's name)."),
+    input: str = typer.Option("-", "-i", "--input", help="Chat records (JSONL, from `mix`); "
+                              "'-' = stdin."),
+    out: str = typer.Option("-", "-o", "--out", help="Regenerated chat records (JSONL, what "
+                            "`tokenize` reads); '-' = stdout. Written as conversations finish, "
+                            "in input order."),
+    temperature: float = typer.Option(0.0, help="0 is greedy (what the peers recommend for "
+                                      "draft data); above 0, sampling."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Sampling: keep the smallest set of "
+                                "tokens holding this much probability."),
+    seed: int = typer.Option(0, help="Seed of sampling; each turn draws from its own stream, "
+                             "so results do not depend on batching or resuming."),
+    max_new_tokens: int = typer.Option(2048, "--max-new-tokens", help="Longest answer; a "
+                                       "longer one is cut, kept and marked 'length'."),
+    max_context: int | None = typer.Option(None, "--max-context", help="Longest prompt + "
+                                           "answer (default: 4096, or the target's positions "
+                                           "if fewer). A turn whose prompt does not fit ends "
+                                           "the conversation there."),
+    turns: str = typer.Option("all", help="all: every assistant turn, each seeing the "
+                              "regenerated earlier ones; first: only the first, the rest of "
+                              "the conversation dropped."),
+    thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Qwen3-style "
+                                         "templates: generate in thinking or non-thinking "
+                                         "mode (use the mode you will serve). Default: the "
+                                         "template's."),
+    chat_template: str | None = typer.Option(None, "--chat-template", help="A Jinja file (or "
+                                             "JSON with a chat_template) instead of the "
+                                             "tokenizer's own."),
+    drop_truncated: bool = typer.Option(False, "--drop-truncated", help="Drop a conversation "
+                                        "when one of its answers was cut at the token limit "
+                                        "(counted either way)."),
+    limit: int | None = typer.Option(None, min=1, help="Only the first N conversations."),
+    shard: str | None = typer.Option(None, help="I/N: this process takes the I-th of N "
+                                     "contiguous blocks of the input (one per host); `cat` "
+                                     "of the N outputs in order is the whole run."),
+    resume: bool = typer.Option(False, "--resume", help="Continue -o FILE: skip the "
+                                "conversations already in it (a torn last line is repaired)."),
+    force: bool = typer.Option(False, "--force", help="Start -o FILE over if it exists."),
+    slots: int = typer.Option(64, min=1, help="Local engine: conversations decoded at once "
+                              "(KV cache rows); freed rows are refilled at once."),
+    sync_every: int = typer.Option(32, "--sync-every", min=1, help="Local engine: decoding "
+                                   "steps per device program between host syncs."),
+    mesh: str | None = typer.Option(None, help="Local engine: data=D,tensor=T (slots split "
+                                    "over data, the target's heads over tensor; default: all "
+                                    "devices on data)."),
+    target_dtype: str = typer.Option("bfloat16", "--target-dtype", help="Target weights: "
+                                     "bfloat16 or float32."),
+    endpoint: str | None = typer.Option(None, help="Generate through an OpenAI-compatible "
+                                        "server (vLLM, SGLang) at this base URL instead of "
+                                        "loading the target here."),
+    model: str | None = typer.Option(None, help="--endpoint: the model name to ask for "
+                                     "(default: the server's first model)."),
+    concurrency: int = typer.Option(16, min=1, help="--endpoint: conversations in flight."),
+    timeout: float = typer.Option(600.0, min=1.0, help="--endpoint: seconds per request."),
+    retries: int = typer.Option(5, min=0, help="--endpoint: retries of a failed request "
+                                "(with backoff) before giving up on the run."),
+) -> None:
+    """Rewrite every assistant turn of a conversation file with the target's own answers.
+
+    A draft learns to predict its target, so it trains best on the target's own text. Each
+    assistant turn is replaced, in order, by the target's answer to the conversation so far
+    (system and user turns kept; later turns see the regenerated earlier answers). Output
+    records keep the `mix` schema, so `tokenize` reads them unchanged, and say how they were
+    made (target digest, sampling settings, finish reason and size of every turn).
+
+    Generation runs on a batched engine here (continuous refill of --slots rows), or on an
+    OpenAI-compatible server with --endpoint. Records are written as conversations finish;
+    after a kill, --resume continues; SIGINT/SIGTERM stop cleanly with exit 75.
+    """
+    from eagle3kit.jobs.regenerate import RegenerateConfig, run
+
+    cfg = RegenerateConfig(
+        target=target, input=input, out=out, temperature=temperature, top_p=top_p, seed=seed,
+        max_new_tokens=max_new_tokens, max_context=max_context, turns=turns,
+        thinking=thinking, chat_template=chat_template, drop_truncated=drop_truncated,
+        limit=limit, shard=shard, resume=resume, force=force, slots=slots,
+        sync_every=sync_every, mesh=mesh, target_dtype=target_dtype, endpoint=endpoint,
+        model=model, concurrency=concurrency, timeout=timeout, retries=retries)
+    run(cfg, console)
+
+
+regenerate.__doc__ = (regenerate.__doc__ or "") + example(EXAMPLE)

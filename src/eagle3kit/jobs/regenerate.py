@@ -1,0 +1,526 @@
+"""The `regenerate` job: the target rewrites every assistant turn of the training data.
+
+Conversations are read whole first (so bad input fails before any weight is loaded, and the
+total is known), then answered turn by turn (decode/conversations.py) by the batched engine
+(decode/engine.py) or an OpenAI-compatible server (decode/endpoint.py). Records are written in
+input order as soon as every conversation before them is done, flushed at once and fsynced
+every few seconds: a kill loses at most the conversations in flight, and `--resume` skips the
+ids already in the output (repairing a torn last line) and continues. SIGINT and SIGTERM stop
+at the next sync, keep what is written and exit 75, like `train --time-limit`.
+
+Sharding across hosts (`--shard I/N`): process I takes the I-th contiguous block of the input,
+so `cat` of the N outputs in order is the whole run in input order.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+
+from eagle3kit.data.chat import Renderer, RenderError
+from eagle3kit.data.records import (
+    ChatRecord,
+    GenerationInfo,
+    RegeneratedRecord,
+    TurnInfo,
+    display_name,
+    encode,
+    read_chat_records,
+)
+from eagle3kit.decode import conversations as conv
+from eagle3kit.errors import InputError, MismatchError, UserError
+
+TURNS = ("all", "first")
+DEFAULT_CONTEXT = 4096  # prompt + answer; the KV cache holds --slots rows of this many
+
+
+class Interrupted(UserError):
+    """SIGINT/SIGTERM: what was finished is written; `--resume` continues (exit 75)."""
+
+    exit_code = 75
+
+
+@dataclasses.dataclass(frozen=True)
+class RegenerateConfig:
+    target: str
+    input: str = "-"
+    out: str = "-"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    max_new_tokens: int = 2048
+    max_context: int | None = None  # default: min(4096, the target's positions)
+    turns: str = "all"
+    thinking: bool | None = None
+    chat_template: str | None = None
+    drop_truncated: bool = False
+    limit: int | None = None
+    shard: str | None = None  # "I/N"
+    resume: bool = False
+    force: bool = False
+    # local engine
+    slots: int = 64
+    sync_every: int = 32
+    mesh: str | None = None
+    target_dtype: str = "bfloat16"
+    # remote server
+    endpoint: str | None = None
+    model: str | None = None
+    concurrency: int = 16
+    timeout: float = 600.0
+    retries: int = 5
+
+
+def check_config(cfg: RegenerateConfig) -> tuple[int, int]:
+    """Refuses option combinations that cannot work, before anything is read or loaded;
+    returns the shard (index, count)."""
+    if cfg.turns not in TURNS:
+        raise UserError(f"--turns {cfg.turns!r}: choose all or first")
+    if cfg.temperature < 0:
+        raise UserError(f"--temperature {cfg.temperature}: must be >= 0 (0 is greedy)")
+    if not 0 < cfg.top_p <= 1:
+        raise UserError(f"--top-p {cfg.top_p}: must be in (0, 1]")
+    if cfg.max_new_tokens < 1 or (cfg.max_context is not None and cfg.max_context < 2):
+        raise UserError("--max-new-tokens must be >= 1 and --max-context >= 2")
+    if cfg.resume and cfg.out == "-":
+        raise UserError("--resume continues an output file: pass -o FILE")
+    if cfg.resume and cfg.force:
+        raise UserError("--resume continues the output, --force starts it over: pick one")
+    if cfg.out != "-" and not cfg.resume and not cfg.force and Path(cfg.out).exists() \
+            and Path(cfg.out).stat().st_size > 0:
+        raise UserError(f"{cfg.out}: already exists; pass --resume to continue it or --force "
+                        "to start over")
+    if cfg.out != "-" and Path(cfg.out).is_dir():
+        raise UserError(f"{cfg.out}: is a directory, expected a JSONL file")
+    if cfg.slots < 1 or cfg.sync_every < 1 or cfg.concurrency < 1:
+        raise UserError("--slots, --sync-every and --concurrency must be >= 1")
+    index, count = 0, 1
+    if cfg.shard:
+        i, _, n = cfg.shard.partition("/")
+        if not (i.isdigit() and n.isdigit() and 0 <= int(i) < int(n)):
+            raise UserError(f"--shard {cfg.shard!r}: expected I/N with 0 <= I < N, e.g. 0/8")
+        index, count = int(i), int(n)
+    return index, count
+
+
+@dataclasses.dataclass
+class Counts:
+    read: int = 0
+    resumed: int = 0  # already in the output
+    written: int = 0
+    turns: int = 0
+    truncated_turns: int = 0  # ended by --max-new-tokens or the context
+    cut_conversations: int = 0  # a later turn did not fit --max-context: kept up to there
+    new_tokens: int = 0
+    dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def summary(self) -> str:
+        drops = sum(self.dropped.values())
+        why = ", ".join(f"{n} {reason}" for reason, n in self.dropped.most_common())
+        return (f"{self.read:,} conversations read: {self.written:,} written"
+                + (f", {self.resumed:,} already in the output" if self.resumed else "")
+                + (f", {drops:,} dropped ({why})" if drops else "")
+                + f"; {self.turns:,} answers ({self.new_tokens:,} tokens, "
+                f"{self.truncated_turns:,} cut at the token limit)"
+                + (f"; {self.cut_conversations:,} conversations end early (context)"
+                   if self.cut_conversations else ""))
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["dropped"] = dict(self.dropped)
+        return d
+
+
+# ---- input, resume, output -------------------------------------------------------------------
+
+
+def read_input(path: str, limit: int | None, shard: tuple[int, int]) -> list[ChatRecord]:
+    records = []
+    for r in read_chat_records(path):
+        records.append(r)
+        if limit and len(records) >= limit:
+            break
+    index, count = shard
+    per = -(-len(records) // count)
+    return records[index * per: (index + 1) * per]
+
+
+def repair_and_scan(path: Path) -> tuple[collections.Counter, GenerationInfo | None]:
+    """Cuts a torn last line off `path` (a kill mid-write) and counts the ids already there;
+    returns them with the first record's settings."""
+    done: collections.Counter = collections.Counter()
+    first = None
+    if not path.exists():
+        return done, None
+    with open(path, "rb+") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            f.truncate(end)
+            f.flush()
+            os.fsync(f.fileno())
+    decoder = msgspec.json.Decoder(RegeneratedRecord)
+    for number, line in enumerate(data[:end].splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            r = decoder.decode(line)
+        except msgspec.DecodeError as e:
+            raise InputError(f"not a regenerated record ({e}); --resume continues a file "
+                             "`regenerate` wrote", path=path, line=number) from None
+        done[r.id] += 1
+        first = first or r.generation
+    return done, first
+
+
+class OrderedWriter:
+    """Writes finished conversations in input order, each the moment all before it are done.
+
+    Lines are flushed as written and fsynced at most every `sync_s` seconds and on close.
+    """
+
+    def __init__(self, stream: IO[bytes], sync_s: float = 5.0):
+        self.stream, self.sync_s = stream, sync_s
+        self.next = 0
+        self.ready: dict[int, bytes | None] = {}
+        self._synced = time.monotonic()
+
+    def put(self, index: int, line: bytes | None) -> int:
+        """Conversation `index` is done (None: dropped); returns lines written now."""
+        self.ready[index] = line
+        written = 0
+        while self.next in self.ready:
+            out = self.ready.pop(self.next)
+            self.next += 1
+            if out is not None:
+                self.stream.write(out)
+                written += 1
+        if written:
+            self.stream.flush()
+            if time.monotonic() - self._synced > self.sync_s:
+                self.sync()
+        return written
+
+    def sync(self) -> None:
+        self.stream.flush()
+        with contextlib.suppress(OSError, ValueError):  # a pipe cannot be fsynced
+            os.fsync(self.stream.fileno())
+        self._synced = time.monotonic()
+
+
+@contextlib.contextmanager
+def output_stream(cfg: RegenerateConfig) -> Iterator[IO[bytes]]:
+    import sys
+
+    if cfg.out == "-":
+        yield sys.stdout.buffer
+        return
+    path = Path(cfg.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab" if cfg.resume else "wb") as f:
+        yield f
+    from eagle3kit.io.atomic import fsync_dir
+
+    fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[Callable[[], str | None]]:
+    """SIGINT/SIGTERM set a flag (the loop stops at its next sync); yields a probe of it."""
+    hit: list[str] = []
+
+    def handler(signum, frame):
+        hit.append(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield lambda: hit[0] if hit else None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+
+def target_digest(hf_config: dict[str, Any], tokenizer_key: str) -> str:
+    blob = json.dumps(hf_config, sort_keys=True) + tokenizer_key
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def request_seed(cid: str, occurrence: int, turn: int) -> int:
+    """A sampling stream per conversation turn, independent of batching, sharding and resume."""
+    return zlib.crc32(f"{cid}\0{occurrence}\0{turn}".encode())
+
+
+@dataclasses.dataclass
+class Work:
+    """One conversation to answer: its place in the input and its dialogue."""
+
+    index: int
+    record: ChatRecord
+    occurrence: int  # how many earlier records share its id
+    dialogue: conv.Dialogue
+
+
+def plan_work(records: list[ChatRecord], done: collections.Counter, first_only: bool,
+              counts: Counts) -> list[Work]:
+    seen: collections.Counter = collections.Counter()
+    work = []
+    for r in records:
+        occurrence = seen[r.id]
+        seen[r.id] += 1
+        if occurrence < done[r.id]:
+            counts.resumed += 1
+            continue
+        work.append(Work(len(work), r, occurrence, conv.Dialogue(r.messages, first_only)))
+    return work
+
+
+def finish_record(w: Work, info: GenerationInfo, cfg: RegenerateConfig, counts: Counts
+                  ) -> bytes | None:
+    """The output line of a finished conversation, or None when it is dropped (counted)."""
+    d = w.dialogue
+    if not d.turns:
+        counts.dropped[d.stop_reason or conv.NO_USER_TURN] += 1
+        return None
+    if cfg.drop_truncated and any(t.finish_reason == "length" for t in d.turns):
+        counts.dropped["an answer cut at --max-new-tokens (--drop-truncated)"] += 1
+        return None
+    if d.stop_reason:
+        counts.cut_conversations += 1
+    turns = [TurnInfo(t.finish_reason, t.prompt_tokens, t.new_tokens) for t in d.turns]
+    counts.written += 1
+    return encode(RegeneratedRecord(w.record.id, w.record.source, d.messages(),
+                                    msgspec.structs.replace(info, turns=turns)))
+
+
+def check_resume(cfg: RegenerateConfig, info: GenerationInfo, previous: GenerationInfo | None
+                 ) -> None:
+    if previous is not None and previous.settings() != info.settings():
+        names = ("target", "temperature", "top_p", "seed", "max_new_tokens", "max_context",
+                 "thinking")
+        diff = [f"{n} {a!r} -> {b!r}" for n, a, b in zip(names, previous.settings(),
+                                                           info.settings(), strict=True)
+                if a != b]
+        raise MismatchError(f"{cfg.out}: was made with other settings ({'; '.join(diff)}); "
+                            "resume with the same options, or write a new file")
+
+
+class Runner:
+    """Drives the dialogues through a generation backend, writing records as they finish."""
+
+    def __init__(self, cfg: RegenerateConfig, work: list[Work], renderer: Renderer,
+                 info: GenerationInfo, writer: OrderedWriter, counts: Counts, progress):
+        self.cfg, self.work, self.renderer, self.info = cfg, work, renderer, info
+        self.writer, self.counts, self.progress = writer, counts, progress
+
+    def prompt_ids(self, w: Work) -> list[int] | None:
+        """The next turn's prompt ids, or None when the dialogue is over (or cannot go on)."""
+        try:
+            return conv.prompt_tokens(self.renderer.prompt_ids, w.dialogue,
+                                      self.cfg.max_context)
+        except RenderError as e:
+            w.dialogue.stop(f"the chat template refuses it ({e.reason})")
+            return None
+
+    def finish(self, w: Work) -> None:
+        self.writer.put(w.index, finish_record(w, self.info, self.cfg, self.counts))
+        self.progress.advance(self.counts)
+
+    def answered(self, w: Work, text: str, prompt_len: int, new_tokens: int, reason: str
+                 ) -> None:
+        w.dialogue.answer(conv.Turn(text, prompt_len, new_tokens, reason))
+        self.counts.turns += 1
+        self.counts.new_tokens += new_tokens
+        self.counts.truncated_turns += reason == "length"
+
+
+def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int],
+               stopping: Callable[[], str | None]) -> None:
+    """Local generation: keeps the engine's rows full, next turns of started conversations
+    first (so finished records leave the reorder buffer soon)."""
+    from eagle3kit.decode.engine import Request
+
+    cfg = runner.cfg
+    pending = collections.deque(runner.work)
+    queue: collections.deque[Request] = collections.deque()
+
+    def request(w: Work, ids: list[int]) -> Request:
+        turn = len(w.dialogue.turns)
+        return Request((w, ids), ids, min(cfg.max_new_tokens, cfg.max_context - len(ids)),
+                       request_seed(w.record.id, w.occurrence, turn))
+
+    def top_up() -> None:
+        while pending and len(queue) < max(engine.free_rows, 1):
+            w = pending.popleft()
+            ids = runner.prompt_ids(w)
+            if ids is None:
+                runner.finish(w)
+            else:
+                queue.append(request(w, ids))
+
+    top_up()
+    while queue or engine.busy:
+        if (why := stopping()) is not None:
+            raise Interrupted(f"{why}: stopped; finished conversations are written, "
+                              "--resume continues")
+        for c in engine.step(queue):
+            w, ids = c.handle
+            runner.answered(w, conv.answer_text(tokenizer, c.tokens, stop_ids), len(ids),
+                            len(c.tokens), c.finish_reason)
+            nxt = runner.prompt_ids(w)
+            if nxt is None:
+                runner.finish(w)
+            else:
+                queue.appendleft(request(w, nxt))
+        top_up()
+        runner.progress.tokens(engine.generated_tokens)
+
+
+class Progress:
+    """Conversations done, generated tokens/s and ETA on stderr: a live line on a terminal,
+    a plain line every `every_s` seconds otherwise (logs of long runs)."""
+
+    def __init__(self, console, total: int, every_s: float = 30.0):
+        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import Progress as Bar
+
+        self.console, self.total, self.every_s = console, total, every_s
+        self.live = console.is_terminal
+        self.t0 = self._last = time.monotonic()
+        self.done, self.generated = 0, 0
+        self._bar = Bar(TextColumn("[bold]regenerate[/bold] {task.completed}/{task.total}"),
+                        BarColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                        TextColumn("eta"), TimeRemainingColumn(), console=console,
+                        disable=not self.live)
+        self._task = self._bar.add_task("regenerate", total=total, info="loading")
+
+    def __enter__(self):
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._bar.__exit__(*exc)
+
+    def info(self) -> str:
+        seconds = max(time.monotonic() - self.t0, 1e-9)
+        return f"{self.generated:,} tokens  {self.generated / seconds:,.0f} tok/s"
+
+    def advance(self, counts: Counts) -> None:
+        self.done += 1
+        self._update()
+
+    def tokens(self, generated: int) -> None:
+        self.generated = generated
+        self._update()
+
+    def _update(self) -> None:
+        self._bar.update(self._task, completed=self.done, info=self.info())
+        now = time.monotonic()
+        if not self.live and now - self._last >= self.every_s:
+            self._last = now
+            rate = self.done / max(now - self.t0, 1e-9)
+            eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+            self.console.print(f"regenerate: {self.done:,}/{self.total:,} conversations  "
+                               f"{self.info()}  eta {eta / 60:,.1f} min", soft_wrap=True)
+
+
+def run(cfg: RegenerateConfig, console) -> Counts:
+    """Regenerates as configured; returns the counts (also printed on stderr)."""
+    from eagle3kit.jobs import common
+
+    shard = check_config(cfg)
+    if cfg.target_dtype not in common.DTYPES:
+        raise UserError(f"--target-dtype {cfg.target_dtype!r}: choose "
+                        f"{' or '.join(common.DTYPES)}")
+    records = read_input(cfg.input, cfg.limit, shard)  # bad input fails before any loading
+    if not records:
+        raise InputError("no conversations to regenerate", path=display_name(cfg.input))
+    done, previous = (repair_and_scan(Path(cfg.out)) if cfg.resume
+                      else (collections.Counter(), None))
+    counts = Counts(read=len(records))
+    if cfg.endpoint:
+        from eagle3kit.decode import endpoint
+
+        return endpoint.run(cfg, records, done, previous, counts, console)
+
+    from eagle3kit.data.tokenizer import load_chat_template
+    from eagle3kit.io.hf import resolve_target
+
+    tokenizer, key = common.target_tokenizer(cfg.target, required=True)
+    template = load_chat_template(cfg.chat_template) if cfg.chat_template else None
+    renderer = Renderer(tokenizer, chat_template=template, thinking=cfg.thinking)
+    ckpt = resolve_target(cfg.target)
+    positions = ckpt.config.max_position_embeddings
+    if cfg.max_context is None:
+        cfg = dataclasses.replace(cfg, max_context=min(DEFAULT_CONTEXT, positions))
+    if cfg.max_context > positions:
+        raise UserError(f"--max-context {cfg.max_context} exceeds the target's "
+                        f"{positions} positions ({cfg.target})")
+    info = GenerationInfo(cfg.target, target_digest(ckpt.hf_config, key), cfg.temperature,
+                          cfg.top_p, cfg.seed, cfg.max_new_tokens, cfg.max_context,
+                          cfg.thinking)
+    check_resume(cfg, info, previous)
+    work = plan_work(records, done, cfg.turns == "first", counts)
+    stops = set(stop_token_ids(tokenizer, ckpt.hf_config))
+    engine = make_engine(cfg, ckpt, stops, console)
+    progress = Progress(console, len(work))
+    try:
+        with output_stream(cfg) as stream, stop_on_signals() as stopping, progress:
+            writer = OrderedWriter(stream)
+            runner = Runner(cfg, work, renderer, info, writer, counts, progress)
+            try:
+                run_engine(runner, engine, tokenizer, stops, stopping)
+            finally:
+                writer.sync()
+    finally:
+        seconds = time.monotonic() - progress.t0
+        console.print(f"regenerate: {counts.summary()}; {progress.info()} over "
+                      f"{seconds:,.1f}s", soft_wrap=True)
+    return counts
+
+
+def stop_token_ids(tokenizer: Any, hf_config: dict[str, Any]) -> list[int]:
+    """Tokens that end an answer: the tokenizer's eos and every eos id of the target config
+    (Llama-3 lists <|eot_id|> and <|eom_id|> there)."""
+    ids = set()
+    for value in (tokenizer.eos_token_id, hf_config.get("eos_token_id")):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(int(v) for v in value)
+    return sorted(ids)
+
+
+def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
+    import jax
+
+    from eagle3kit.core.sharding import make_mesh
+    from eagle3kit.decode.engine import Engine, EngineConfig, Sampling
+    from eagle3kit.io.hf import load_target
+    from eagle3kit.jobs import common
+
+    mesh = make_mesh(cfg.mesh)
+    t0 = time.perf_counter()
+    weights = load_target(ckpt, mesh, common.DTYPES[cfg.target_dtype])
+    engine = Engine(ckpt.config, weights, mesh, sorted(stops), EngineConfig(
+        rows=cfg.slots, max_context=cfg.max_context, sync_every=cfg.sync_every,
+        sampling=Sampling(cfg.temperature, cfg.top_p), seed=cfg.seed))
+    console.print(f"regenerate with {ckpt.config.name} on {jax.device_count()} x "
+                  f"{jax.devices()[0].device_kind} (mesh {dict(mesh.shape)}; weights loaded "
+                  f"in {time.perf_counter() - t0:.1f}s; {cfg.slots} slots x {cfg.max_context} "
+                  f"positions, KV cache {engine.cache_bytes / 2**30:.2f} GiB)", soft_wrap=True)
+    return engine
