@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -192,3 +193,21 @@ def test_batched_generation_rows_match_the_full_forward(family, tmp_path):
         h, cache = rows(w, tokens[:, t:t + 1], jnp.full((2, 1), t), cache)
         hidden.append(h)
     assert_close(np.concatenate(hidden, axis=1), full, f"{family} generated hidden")
+
+
+def test_expert_parallel_step_moves_only_activations(tmp_path):
+    """The compiled sharded forward of an all-MoE target: experts stay on their devices; the
+    only collectives are all-reduces of the [B/data, T, D] activations over tensor pairs (the
+    attention output and the MoE partial sums): no all-to-all, no all-gather of weights or
+    routing results."""
+    assets.tiny_hf_model("qwen3_moe", tmp_path, mlp_only_layers=[])
+    ckpt = resolve_target(tmp_path)
+    mesh = make_mesh("data=4,tensor=2")
+    w = load_target(ckpt, mesh, jnp.float32)
+    with use_mesh(mesh):
+        hlo = jax.jit(lambda w, t: target.forward(w, ckpt.config, t).hidden_BxTxD).lower(
+            w, jnp.zeros((4, 64), jnp.int32)).compile().as_text()
+    ops = re.findall(r"= (\S+) (all-to-all|all-gather|all-reduce|reduce-scatter|"
+                     r"collective-permute)(?:-start)?\(", hlo)
+    assert ops and {op for _, op in ops} == {"all-reduce"}, ops
+    assert {shape for shape, _ in ops} == {"f32[1,64,64]{2,1,0}"}, ops

@@ -131,37 +131,34 @@ def _local_experts(x_NxD, ids_NxK, probs_NxK, w: ExpertWeights, first_expert, cf
 def moe_mlp(x_BxTxD: jax.Array, w: ExpertWeights, cfg: MoeConfig) -> jax.Array:
     """The routed-experts MLP of one layer -> [B, T, D]."""
     b, t, d = x_BxTxD.shape
-    with jax.named_scope("moe"):
-        ids, probs = route(x_BxTxD.reshape(b * t, d), w, cfg)
-        ids, probs = ids.reshape(b, t, -1), probs.reshape(b, t, -1)
-        mesh = active_mesh()
-        expert_axis = mesh_axis("experts")
-        if mesh is None or mesh.size == 1:
-            out = _local_experts(x_BxTxD.reshape(b * t, d), ids.reshape(b * t, -1),
-                                 probs.reshape(b * t, -1), w, 0, cfg)
-            return out.reshape(b, t, d).astype(x_BxTxD.dtype)
 
+    def tokens(x_BxTxD, w, first_expert):  # routing and this device's experts
+        bl = x_BxTxD.shape[0]
+        x_NxD = x_BxTxD.reshape(bl * t, d)
+        ids, probs = route(x_NxD, w, cfg)
+        out = _local_experts(x_NxD, ids, probs, w, first_expert, cfg)
+        return out.reshape(bl, t, d).astype(x_BxTxD.dtype)
+
+    with jax.named_scope("moe"):
+        mesh = active_mesh()
+        if mesh is None or mesh.size == 1:
+            return tokens(x_BxTxD, w, 0)
+        expert_axis = mesh_axis("experts")
         batch_axis = mesh_axis("batch")
         if batch_axis is not None and b % mesh.shape[batch_axis]:
             batch_axis = None  # an odd batch stays replicated
-        tok_spec = PartitionSpec(batch_axis)
-        experts = dataclasses.replace(w, router=None, router_bias=None)
-        w_specs = {f.name: spec_for(AXES[f.name]) for f in dataclasses.fields(experts)
-                   if getattr(experts, f.name) is not None}
+        specs = {f.name: spec_for(AXES[f.name]) for f in dataclasses.fields(w)
+                 if getattr(w, f.name) is not None}
+        present = {name: getattr(w, name) for name in specs}
 
-        def local(x, ids, probs, ew):
-            bl = x.shape[0]
-            first = 0
-            if expert_axis is not None:
-                first = jax.lax.axis_index(expert_axis) * ew["gate"].shape[0]
-            ewd = ExpertWeights(router=None, **ew)
-            out = _local_experts(x.reshape(bl * t, d), ids.reshape(bl * t, -1),
-                                 probs.reshape(bl * t, -1), ewd, first, cfg)
-            out = out.reshape(bl, t, d).astype(x.dtype)
+        def local(x, ws):
+            first = 0 if expert_axis is None else (
+                jax.lax.axis_index(expert_axis) * ws["gate"].shape[0])
+            out = tokens(x, ExpertWeights(**ws), first)
             # the one collective: as a tensor-parallel MLP's all-reduce, in the model dtype
             return out if expert_axis is None else jax.lax.psum(out, expert_axis)
 
-        ew = {name: getattr(experts, name) for name in w_specs}
-        return jax.shard_map(local, mesh=mesh,
-                             in_specs=(tok_spec, tok_spec, tok_spec, w_specs),
-                             out_specs=tok_spec)(x_BxTxD, ids, probs, ew)
+        # routing runs inside too: each device routes its own batch shard (the router is
+        # replicated), so no token or routing result crosses devices
+        return jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(batch_axis), specs),
+                             out_specs=PartitionSpec(batch_axis))(x_BxTxD, present)
