@@ -34,3 +34,21 @@ def test_experts_split_over_the_mesh():
                      False)
     # everything but the small replicated norms and router is split 4 ways
     assert eight["target_weights_GiB"] < one["target_weights_GiB"] / 4 * 1.02
+
+
+def test_full_size_configs_read_their_layer_patterns():
+    import json
+
+    from eagle3kit.core.config import TargetConfig
+
+    def read(name):
+        return TargetConfig.from_hf_config(json.loads(open(CONFIGS + name).read()))
+
+    gemma = read("gemma-3-27b-it.json")  # transformers 4.x fields: pattern and local base
+    assert gemma.layer_windows[:6] == (1024,) * 5 + (0,) and len(gemma.layer_windows) == 62
+    assert gemma.layer_rope_index()[:6] == (1,) * 5 + (0,)
+    assert (gemma.local_rope.theta, gemma.rope.kind, gemma.rope.factor) == (1e4, "linear", 8)
+    oss = read("gpt-oss-20b.json")
+    assert oss.layer_windows[:2] == (128, 0) and oss.moe.top_k == 4 and oss.rope.kind == "yarn"
+    moe = read("qwen3-30b-a3b.json")
+    assert moe.moe.sparse_layers == (True,) * 48 and moe.moe.expert_size == 768
