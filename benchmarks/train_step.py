@@ -4,6 +4,8 @@
         --seq-len 2048 --batch-size 4,8 --grad-accum 2 --attention xla,cudnn
     python benchmarks/train_step.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
         --batch-size 2 --profile /tmp/prof   # + where the device time goes, by named scope
+    python benchmarks/train_step.py --random-target benchmarks/configs/qwen3-30b-a3b.json \
+        --batch-size 2,4   # an MoE target (also gpt-oss-20b.json, gemma-3-27b-it.json)
 
 Packed rows of random documents (64..2048 tokens, `--full-rows`: one document per row) with
 real segment structure; the step is the same jitted function `eagle3kit train` runs. Model
@@ -93,7 +95,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     dev = jax.devices()[0]
     print(f"device: {jax.device_count()} x {dev.device_kind}; target {tcfg.name} "
-          f"({tcfg.num_params / 1e6:.0f}M params), draft {dcfg.num_params / 1e6:.1f}M, "
+          f"({tcfg.num_params / 1e6:.0f}M params, {tcfg.active_params / 1e6:.0f}M active), draft {dcfg.num_params / 1e6:.1f}M, "
           f"K={args.ttt_length}, T={args.seq_len}, accum={args.grad_accum}")
     print(f"{'batch':>5} {'attn':>6} {'compile s':>9} {'step ms':>8} {'tokens/s':>10} "
           f"{'TFLOP/s':>8} {'MFU':>5} {'peak GiB':>8}")

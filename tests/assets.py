@@ -49,22 +49,52 @@ TINY = {
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1000000.0,
                   tie_word_embeddings=True),
+    # dense layer 3 (mlp_only_layers) and layer 0 (decoder_sparse_step=1 keeps it sparse)
+    "qwen3_moe": dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"],
+                      vocab_size=96, hidden_size=64, intermediate_size=96,
+                      moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                      decoder_sparse_step=1, mlp_only_layers=[2], norm_topk_prob=True,
+                      max_position_embeddings=256, rope_theta=1000000.0),
+    # window 8 < the test's 70 tokens; YaRN with truncate=false as gpt-oss ships it
+    "gpt_oss": dict(model_type="gpt_oss", architectures=["GptOssForCausalLM"], vocab_size=96,
+                    hidden_size=64, intermediate_size=32, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                    swiglu_limit=0.1,  # small enough to clamp the tiny model's activations
+                    max_position_embeddings=256,
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                                     "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                     "original_max_position_embeddings": 16}),
+    "gemma3": dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
+                   vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                                "full_attention"], query_pre_attn_scalar=24,
+                   max_position_embeddings=256,
+                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                       "rope_theta": 1000000.0},
+                                    "sliding_attention": {"rope_type": "default",
+                                                          "rope_theta": 10000.0}}),
 }
 
 
-def tiny_hf_model(family: str, directory: Path, seed: int = 0):
-    """Builds a tiny random HF model, saves it as safetensors, returns the torch model."""
+def tiny_hf_model(family: str, directory: Path, seed: int = 0, **overrides):
+    """Builds a tiny random HF model (TINY[family] updated with `overrides`), saves it as
+    safetensors, returns the torch model."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     # transformers mutates nested dicts (rope_scaling): hand it a copy
-    cfg = transformers.AutoConfig.for_model(**copy.deepcopy(TINY[family]))
+    cfg = transformers.AutoConfig.for_model(**copy.deepcopy({**TINY[family], **overrides}))
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # biases are zero-initialised; make them count
         for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
+            if name.endswith("bias") or "norm" in name or name.endswith("sinks"):
                 p.add_(0.1 * torch.randn_like(p))
+            if name.endswith(("mlp.gate.weight", "router.weight")):
+                p.mul_(20)  # decisive routing: no near-ties for fp32 rounding to flip
     model.eval()
     model.save_pretrained(directory, safe_serialization=True)
     return model

@@ -63,10 +63,37 @@ def qwen3():
     return tok
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=1)
+def gemma3():
+    """Gemma-3's template (google/gemma-3-27b-it) and its turn and bos tokens."""
+    tok = _fresh()
+    tok.add_special_tokens({"bos_token": "<bos>", "eos_token": "<eos>",
+                            "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    tok.chat_template = (TEMPLATES / "gemma-3-it.jinja").read_text()
+    return tok
+
+
+@functools.lru_cache(maxsize=1)
+def gpt_oss():
+    """gpt-oss's harmony template (openai/gpt-oss-20b, tools removed) and its special tokens;
+    `<|return|>` ends the last assistant turn as eos, as in the published tokenizer."""
+    tok = _fresh()
+    tok.add_special_tokens({
+        "bos_token": "<|startoftext|>", "eos_token": "<|return|>",
+        "additional_special_tokens": ["<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+                                      "<|constrain|>", "<|call|>", "<|endoftext|>"]})
+    tok.chat_template = (TEMPLATES / "gpt-oss-20b.jinja").read_text()
+    return tok
+
+
+FAMILIES = {"smollm2": smollm2, "llama3": llama3, "qwen3": qwen3, "gemma3": gemma3,
+            "gpt_oss": gpt_oss}
+
+
+@functools.lru_cache(maxsize=8)
 def saved(name: str) -> Path:
-    """The tokenizer `name` (smollm2, llama3, qwen3) as a directory, for CLI tests."""
-    tok = {"smollm2": smollm2, "llama3": llama3, "qwen3": qwen3}[name]()
+    """The tokenizer `name` (a key of FAMILIES) as a directory, for CLI tests."""
+    tok = FAMILIES[name]()
     if name == "smollm2":
         return _smollm2_dir()
     d = Path(tempfile.mkdtemp(prefix=f"eagle3kit-{name}-tok-"))
@@ -74,4 +101,5 @@ def saved(name: str) -> Path:
     return d
 
 
-END_OF_TURN = {"smollm2": "<|im_end|>", "llama3": "<|eot_id|>", "qwen3": "<|im_end|>"}
+END_OF_TURN = {"smollm2": "<|im_end|>", "llama3": "<|eot_id|>", "qwen3": "<|im_end|>",
+               "gemma3": "<end_of_turn>"}

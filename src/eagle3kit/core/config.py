@@ -15,19 +15,24 @@ import numpy as np
 from eagle3kit.errors import InputError
 
 # model_type -> family. Mistral-style checkpoints are Llama without sliding windows.
-_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+             "qwen3_moe": "qwen3_moe", "gpt_oss": "gpt_oss", "gemma3_text": "gemma3"}
+_ROPE_KINDS = ("default", "llama3", "linear", "yarn")
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeConfig:
-    """Rotary embedding: plain, or Llama-3 frequency scaling (`rope_type: llama3`)."""
+    """Rotary embedding: plain, Llama-3 or linear frequency scaling, or YaRN (gpt-oss)."""
 
     theta: float = 10000.0
-    kind: str = "default"  # "default" | "llama3" | "linear"
+    kind: str = "default"  # "default" | "llama3" | "linear" | "yarn"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0
+    truncate: bool = True
 
     @classmethod
     def from_hf(cls, d: dict[str, Any], source: object = "config.json") -> RopeConfig:
@@ -38,8 +43,12 @@ class RopeConfig:
         merged = {**scaling, **params}
         theta = d.get("rope_theta", merged.get("rope_theta", 10000.0))
         kind = merged.get("rope_type", merged.get("type", "default")) or "default"
-        if kind not in ("default", "llama3", "linear"):
-            raise InputError(f"unsupported rope scaling type {kind!r} (supported: llama3, linear)",
+        if kind not in _ROPE_KINDS:
+            raise InputError(f"unsupported rope scaling type {kind!r} (supported: "
+                             + ", ".join(_ROPE_KINDS[1:]) + ")", path=source)
+        if kind == "yarn" and any(merged.get(f) for f in ("attention_factor", "mscale",
+                                                           "mscale_all_dim")):
+            raise InputError("yarn rope with attention_factor/mscale is not supported",
                              path=source)
         return cls(
             theta=float(theta),
@@ -49,6 +58,9 @@ class RopeConfig:
             high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
             original_max_position_embeddings=int(
                 merged.get("original_max_position_embeddings", 8192)),
+            beta_fast=float(merged.get("beta_fast") or 32.0),
+            beta_slow=float(merged.get("beta_slow") or 1.0),
+            truncate=bool(merged.get("truncate", True)),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -63,6 +75,12 @@ class RopeConfig:
             }
         elif self.kind == "linear":
             out["rope_scaling"] = {"rope_type": "linear", "factor": self.factor}
+        elif self.kind == "yarn":
+            out["rope_scaling"] = {
+                "rope_type": "yarn", "factor": self.factor, "beta_fast": self.beta_fast,
+                "beta_slow": self.beta_slow, "truncate": self.truncate,
+                "original_max_position_embeddings": self.original_max_position_embeddings,
+            }
         else:
             out["rope_scaling"] = None
         return out
@@ -84,17 +102,68 @@ class RopeConfig:
             smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
             medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
             inv = np.where(medium, smoothed, scaled)
+        elif self.kind == "yarn":
+            inv = self._yarn(head_dim, inv)
         return inv.astype(np.float32)
+
+    def _yarn(self, head_dim: int, inv: np.ndarray) -> np.ndarray:
+        """YaRN: extrapolated high frequencies, interpolated low ones, a linear ramp between
+        (the correction range in dimensions, as transformers' `_compute_yarn_parameters`)."""
+        def correction_dim(rotations):
+            return (head_dim * math.log(self.original_max_position_embeddings
+                                        / (rotations * 2 * math.pi))) / (2 * math.log(self.theta))
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(head_dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+        extrapolation = 1 - ramp
+        return (inv / self.factor) * (1 - extrapolation) + inv * extrapolation
+
+    @property
+    def attention_scaling(self) -> float:
+        """Factor on cos and sin (YaRN's 0.1 ln(factor) + 1; 1 otherwise)."""
+        if self.kind == "yarn" and self.factor > 1:
+            return 0.1 * math.log(self.factor) + 1.0
+        return 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+    """Routed experts (Qwen3-MoE, gpt-oss): each token goes through `top_k` of `num_experts`
+    SwiGLU experts of width `expert_size`, weighted by its router probabilities."""
+
+    num_experts: int
+    top_k: int
+    expert_size: int
+    # per layer: True where the MLP is routed experts, False where it is dense
+    sparse_layers: tuple[bool, ...]
+    # "softmax_topk": softmax over all experts, then top-k (renormalised if `norm_topk_prob`);
+    # "topk_softmax": top-k of the logits, softmax over those k (gpt-oss)
+    routing: str = "softmax_topk"
+    norm_topk_prob: bool = True
+    bias: bool = False  # router and expert biases (gpt-oss)
+    # gpt-oss's clamped SwiGLU: (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with
+    # g = min(gate, limit); 0 = plain SwiGLU
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 1.702
+
+    @property
+    def num_sparse(self) -> int:
+        return sum(self.sparse_layers)
 
 
 @dataclasses.dataclass(frozen=True)
 class TargetConfig:
-    """A decoder-only target model: Llama (incl. Llama-3 rope), Qwen2 or Qwen3."""
+    """A decoder-only target: Llama (incl. Llama-3 rope), Qwen2, Qwen3, Qwen3-MoE, gpt-oss or
+    Gemma-3 (text). The family-specific fields below keep the Llama defaults."""
 
-    family: str  # "llama" | "qwen2" | "qwen3"
+    family: str  # one of _FAMILIES' values
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # dense MLP width (gpt-oss: the expert width)
     num_layers: int
     num_heads: int
     num_kv_heads: int
@@ -103,11 +172,21 @@ class TargetConfig:
     rope: RopeConfig = RopeConfig()
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # q/k/v biases (Qwen2)
-    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
+    attention_bias: bool = False  # q/k/v biases (Qwen2, gpt-oss)
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3, Gemma-3)
     model_type: str = "llama"
     architectures: tuple[str, ...] = ()
     name: str = ""  # Hub id or local path, for fingerprints and model cards
+    # ---- per-layer attention: windows (0 = full) and which rope each layer uses
+    layer_windows: tuple[int, ...] = ()  # empty: every layer attends to its whole context
+    local_rope: RopeConfig | None = None  # rope of the windowed layers when it differs (Gemma-3)
+    attention_sinks: bool = False  # a learned per-head logit in each softmax (gpt-oss)
+    query_scale: float = 0.0  # scores scale; 0 = head_dim ** -0.5 (Gemma-3: query_pre_attn_scalar)
+    attn_softcap: float = 0.0  # tanh soft cap on attention scores; 0 = none
+    # ---- Gemma-3: (1 + w) RMSNorm, sqrt(D)-scaled embeddings, norms after attention and MLP
+    gemma_norms: bool = False
+    mlp_activation: str = "silu"  # "silu" | "gelu_tanh"
+    moe: MoeConfig | None = None
 
     @classmethod
     def from_hf_config(cls, d: dict[str, Any], *, name: str = "",
@@ -118,16 +197,18 @@ class TargetConfig:
             raise InputError(
                 f"unsupported architecture model_type={model_type!r} "
                 f"(architectures={d.get('architectures')}); supported: "
-                + ", ".join(sorted(_FAMILIES)), path=source)
+                + ", ".join(f"{t} ({_ARCHITECTURES[t]})" for t in sorted(_FAMILIES)),
+                path=source)
         family = _FAMILIES[model_type]
         try:
             hidden, heads = int(d["hidden_size"]), int(d["num_attention_heads"])
-            return cls(
+            num_layers = int(d["num_hidden_layers"])
+            base = dict(
                 family=family,
                 vocab_size=int(d["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(d["intermediate_size"]),
-                num_layers=int(d["num_hidden_layers"]),
+                num_layers=num_layers,
                 num_heads=heads,
                 num_kv_heads=int(d.get("num_key_value_heads") or heads),
                 head_dim=int(d.get("head_dim") or hidden // heads),
@@ -136,13 +217,24 @@ class TargetConfig:
                 max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 attention_bias=(family == "qwen2") or bool(d.get("attention_bias", False)),
-                qk_norm=family == "qwen3",
+                qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
                 model_type=model_type,
                 architectures=tuple(d.get("architectures") or ()),
                 name=name or str(d.get("_name_or_path", "")),
             )
+            base.update(_FAMILY_FIELDS[family](d, num_layers, source))
+            return cls(**base)
         except KeyError as e:
             raise InputError(f"config is missing the field {e.args[0]!r}", path=source) from None
+
+    def rope_for_layer(self) -> tuple[RopeConfig, ...]:
+        """The distinct ropes, index 0 the global one (`layer_rope_index` points into it)."""
+        return (self.rope,) if self.local_rope is None else (self.rope, self.local_rope)
+
+    def layer_rope_index(self) -> tuple[int, ...]:
+        if self.local_rope is None or not self.layer_windows:
+            return (0,) * self.num_layers
+        return tuple(int(w > 0) for w in self.layer_windows)
 
     def default_aux_layer_ids(self) -> tuple[int, int, int]:
         """HF `hidden_states` indices captured by default: inputs of layers 2, N//2, N-3."""
@@ -153,9 +245,126 @@ class TargetConfig:
     def num_params(self) -> int:
         d, f, n = self.hidden_size, self.intermediate_size, self.num_layers
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d
+        per_layer = d * (q + 2 * kv) + q * d + 2 * d
+        mlp = n * 3 * d * f
+        if self.moe is not None:
+            m = self.moe
+            sparse = m.num_experts * (3 * d * m.expert_size) + d * m.num_experts
+            mlp = (n - m.num_sparse) * 3 * d * f + m.num_sparse * sparse
         head = 0 if self.tie_word_embeddings else self.vocab_size * d
-        return self.vocab_size * d + n * per_layer + d + head
+        return self.vocab_size * d + n * per_layer + mlp + d + head
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through (routed experts count top_k of num_experts)."""
+        if self.moe is None:
+            return self.num_params
+        m = self.moe
+        idle = m.num_sparse * (m.num_experts - m.top_k) * 3 * self.hidden_size * m.expert_size
+        return self.num_params - idle
+
+
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+}
+_QUANTISATIONS = {"gpt_oss": ("mxfp4",)}  # understood `quantization_config.quant_method`s
+
+
+def _check_quantisation(d: dict[str, Any], family: str, source: object) -> None:
+    q = d.get("quantization_config")
+    if not q:
+        return
+    method = q.get("quant_method") if isinstance(q, dict) else q
+    known = _QUANTISATIONS.get(family, ())
+    if method not in known:
+        raise InputError(f"quantization_config.quant_method={method!r} is not understood for "
+                         f"{d.get('model_type')} (understood: {', '.join(known) or 'none'}; "
+                         "use the unquantised bf16 checkpoint)", path=source)
+
+
+def _layer_windows(d: dict[str, Any], n: int, source: object, default_window: int = 0
+                   ) -> tuple[int, ...]:
+    """Per-layer sliding windows from `layer_types` (or Gemma's `sliding_window_pattern`)."""
+    window = int(d.get("sliding_window") or default_window)
+    types = d.get("layer_types")
+    if types is None and d.get("sliding_window_pattern"):
+        p = int(d["sliding_window_pattern"])
+        types = ["full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(n)]
+    if not types:
+        return ()
+    if len(types) != n or set(types) - {"sliding_attention", "full_attention"}:
+        raise InputError(f"layer_types must list {n} of sliding_attention/full_attention; "
+                         f"found {types}", path=source)
+    if "sliding_attention" in types and window < 1:
+        raise InputError("layer_types has sliding_attention layers but sliding_window is "
+                         f"{d.get('sliding_window')!r}", path=source)
+    return tuple(window if t == "sliding_attention" else 0 for t in types)
+
+
+def _dense_fields(d: dict[str, Any], n: int, source: object) -> dict[str, Any]:
+    _check_quantisation(d, "dense", source)
+    return {}
+
+
+def _qwen3_moe_fields(d: dict[str, Any], n: int, source: object) -> dict[str, Any]:
+    _check_quantisation(d, "qwen3_moe", source)
+    if d.get("use_sliding_window"):
+        raise InputError("Qwen3-MoE with use_sliding_window=true is not supported", path=source)
+    experts = int(d.get("num_experts") or d.get("num_local_experts") or 0)
+    step = int(d.get("decoder_sparse_step", 1))
+    dense = set(d.get("mlp_only_layers") or ())
+    sparse = tuple(i not in dense and experts > 0 and (i + 1) % step == 0 for i in range(n))
+    if not any(sparse):
+        return {}
+    return {"moe": MoeConfig(
+        num_experts=experts, top_k=int(d["num_experts_per_tok"]),
+        expert_size=int(d["moe_intermediate_size"]), sparse_layers=sparse,
+        routing="softmax_topk", norm_topk_prob=bool(d.get("norm_topk_prob", False)))}
+
+
+def _gpt_oss_fields(d: dict[str, Any], n: int, source: object) -> dict[str, Any]:
+    _check_quantisation(d, "gpt_oss", source)
+    return {
+        "layer_windows": _layer_windows(d, n, source, default_window=128),
+        "attention_sinks": True,
+        "moe": MoeConfig(
+            num_experts=int(d["num_local_experts"]), top_k=int(d["num_experts_per_tok"]),
+            expert_size=int(d["intermediate_size"]), sparse_layers=(True,) * n,
+            routing="topk_softmax", norm_topk_prob=False, bias=True,
+            swiglu_limit=float(d.get("swiglu_limit", 7.0)),
+            swiglu_alpha=float(d.get("swiglu_alpha", 1.702))),
+    }
+
+
+def _gemma3_fields(d: dict[str, Any], n: int, source: object) -> dict[str, Any]:
+    _check_quantisation(d, "gemma3", source)
+    params = d.get("rope_parameters") or {}
+    if "full_attention" in params:  # transformers 5.x: one rope per layer type
+        rope = RopeConfig.from_hf({"rope_parameters": params["full_attention"]}, source)
+        local = RopeConfig.from_hf({"rope_parameters": params["sliding_attention"]}, source)
+    else:  # 4.x: rope_theta (+ rope_scaling) for global layers, rope_local_base_freq
+        rope = RopeConfig.from_hf(d, source)
+        local = RopeConfig(theta=float(d.get("rope_local_base_freq", 10000.0)))
+    if d.get("final_logit_softcapping"):  # Gemma-2's; no Gemma-3 release sets it
+        raise InputError("final_logit_softcapping is not supported", path=source)
+    act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise InputError(f"Gemma-3 hidden_activation {act!r} is not supported", path=source)
+    return {
+        "rope": rope, "local_rope": local,
+        "layer_windows": _layer_windows(d, n, source),
+        "query_scale": float(d.get("query_pre_attn_scalar") or d["head_dim"]) ** -0.5,
+        "attn_softcap": float(d.get("attn_logit_softcapping") or 0.0),
+        "gemma_norms": True, "mlp_activation": "gelu_tanh",
+        "tie_word_embeddings": bool(d.get("tie_word_embeddings", True)),
+    }
+
+
+_FAMILY_FIELDS = {"llama": _dense_fields, "qwen2": _dense_fields, "qwen3": _dense_fields,
+                  "qwen3_moe": _qwen3_moe_fields, "gpt_oss": _gpt_oss_fields,
+                  "gemma3": _gemma3_fields}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +408,9 @@ class DraftConfig:
             target_hidden_size=target.hidden_size,
             aux_layer_ids=ids,
             rms_norm_eps=target.rms_norm_eps,
-            rope=target.rope,
+            # A YaRN target (gpt-oss) gets a plain rope of the same base, as the published
+            # gpt-oss drafts use: the draft head does not scale cos/sin by YaRN's mscale.
+            rope=target.rope if target.rope.kind != "yarn" else RopeConfig(theta=target.rope.theta),
             max_position_embeddings=target.max_position_embeddings,
         )
 

@@ -2,7 +2,8 @@
 
 Per useful (non-padding) token of a row of length T, with P(.) the matmul parameters:
 
-    target forward   2 * P(target layers + lm_head) + causal attention
+    target forward   2 * P(target layers + lm_head) + causal attention (P: the active
+                     parameters of an MoE; a sliding-window layer's keys capped by its window)
     draft            K * (6 * P(one TTT step: q, k, v, o, MLP, lm_head) + attention)
                      + 6 * P(fc)   (the fusion of the captured states runs once)
     attention        forward 2 * 2 * (T / 2) * N * H per layer (q.k and p.v over the causal
@@ -28,9 +29,16 @@ def _attention(num_heads: int, head_dim: int, seq_len: int) -> float:
 
 
 def target_matmul_params(tcfg: TargetConfig) -> int:
+    """Matmul parameters a token passes through: an MoE layer counts its router and the
+    top_k of its experts (the active parameters), not the idle experts."""
     d, f = tcfg.hidden_size, tcfg.intermediate_size
     q, kv = tcfg.num_heads * tcfg.head_dim, tcfg.num_kv_heads * tcfg.head_dim
-    return tcfg.num_layers * (d * (q + 2 * kv) + q * d + 3 * d * f) + d * tcfg.vocab_size
+    mlp = tcfg.num_layers * 3 * d * f
+    if tcfg.moe is not None:
+        m = tcfg.moe
+        mlp = ((tcfg.num_layers - m.num_sparse) * 3 * d * f
+               + m.num_sparse * (m.top_k * 3 * d * m.expert_size + d * m.num_experts))
+    return tcfg.num_layers * (d * (q + 2 * kv) + q * d) + mlp + d * tcfg.vocab_size
 
 
 def draft_step_matmul_params(dcfg: DraftConfig) -> int:
@@ -42,8 +50,10 @@ def draft_step_matmul_params(dcfg: DraftConfig) -> int:
 
 def flops_per_token(tcfg: TargetConfig, dcfg: DraftConfig, seq_len: int, steps: int) -> float:
     """Model FLOPs of one training step per useful token (see the module docstring)."""
-    target = (2 * target_matmul_params(tcfg)
-              + tcfg.num_layers * _attention(tcfg.num_heads, tcfg.head_dim, seq_len))
+    # a sliding-window layer attends to at most its window (of the T / 2 keys on average)
+    windows = tcfg.layer_windows or (0,) * tcfg.num_layers
+    keys = sum(min(seq_len, 2 * w) if w else seq_len for w in windows)
+    target = 2 * target_matmul_params(tcfg) + _attention(tcfg.num_heads, tcfg.head_dim, keys)
     fc = 6 * len(dcfg.aux_layer_ids) * dcfg.target_hidden_size * dcfg.hidden_size
     step = 6 * draft_step_matmul_params(dcfg) + 3 * _attention(dcfg.num_heads, dcfg.head_dim,
                                                                seq_len)

@@ -6,6 +6,8 @@ constraints). `RULES` maps those names onto the two mesh axes:
 - `data`: the batch is split here; weights are replicated along it.
 - `tensor`: Megatron-style tensor parallelism of the target: attention heads, MLP width and
   vocabulary are split, so an 8B target's weights are spread over the `tensor` devices.
+  Routed experts are split over the same axis (expert parallelism, `core/moe.py`): whole
+  experts per device, one all-reduce per MoE layer, as for a dense tensor-parallel MLP.
 
 Changing the parallel layout means editing `RULES`, nothing else.
 """
@@ -43,6 +45,8 @@ RULES: dict[str, str | None] = {
     "head_dim": None,
     "ffw": "tensor",
     "vocab": "tensor",
+    "experts": "tensor",  # expert parallelism: whole experts per device (docs/architecture.md)
+    "expert_ffw": None,
     # the draft head is small and replicated: no collectives inside the K-step rollout
     "draft": None,
 }
@@ -160,6 +164,10 @@ def ones_init(key, shape, dtype):
     return jnp.ones(shape, dtype)
 
 
+def zeros_init(key, shape, dtype):
+    return jnp.zeros(shape, dtype)
+
+
 def to_host(tree: Any) -> Any:
     """Numpy copies of a pytree of (possibly multi-host) arrays.
 
@@ -188,6 +196,16 @@ def use_mesh(mesh: Mesh | None) -> Iterator[None]:
         yield
     finally:
         _ACTIVE.reset(token)
+
+
+def active_mesh() -> Mesh | None:
+    """The mesh of the enclosing `use_mesh`, if any."""
+    return _ACTIVE.get()
+
+
+def mesh_axis(logical: str) -> str | None:
+    """The mesh axis a logical axis maps to (for collectives inside `shard_map`)."""
+    return RULES.get(logical)
 
 
 def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:

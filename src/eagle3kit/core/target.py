@@ -1,7 +1,11 @@
-"""The target model in pure JAX: Llama / Qwen2 / Qwen3 forward with hidden-state capture.
+"""The target model in pure JAX: Llama, Qwen2, Qwen3, Qwen3-MoE, gpt-oss and Gemma-3 (text)
+forward with hidden-state capture.
 
 Layers are stacked along a leading `layers` axis and run under `lax.scan`, so an 8B target
-compiles as one layer. The scan captures the residual stream entering the configured layers
+compiles as one layer. What varies per layer (sliding window or full attention, which rope,
+dense MLP or routed experts) is indexed by the layer inside the scan, never a second
+compiled layer. Two seams make one forward serve every use: `kv_fn` supplies keys (training:
+the layer's own; decoding: a cache) and `mlp_fn` the MLP (dense or `core.moe`). The scan captures the residual stream entering the configured layers
 (HF `hidden_states[i]`), which the EAGLE3 draft reads, and optionally reads/writes a KV cache
 for decoding.
 """
@@ -9,20 +13,31 @@ for decoding.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from eagle3kit.core import moe
+from eagle3kit.core.blocks import attend_general, gated_mlp, gemma_rms_norm, window_mask
 from eagle3kit.core.config import TargetConfig
-from eagle3kit.core.layers import attend, causal_mask, rms_norm, rope, swiglu
-from eagle3kit.core.sharding import ArrayInfo, constrain, fan_in_init, normal_init, ones_init
+from eagle3kit.core.layers import attend, causal_mask, rms_norm, rope
+from eagle3kit.core.sharding import (
+    ArrayInfo,
+    constrain,
+    fan_in_init,
+    normal_init,
+    ones_init,
+    zeros_init,
+)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class TargetLayers:
-    """Decoder layers stacked on axis 0 (L). Linear weights are stored (in, out)."""
+    """Attention and norms of every decoder layer, stacked on axis 0 (L); (in, out) layout."""
 
     attn_norm: Any  # L,D
     q: Any  # L,D,N,H
@@ -30,14 +45,25 @@ class TargetLayers:
     v: Any  # L,D,K,H
     o: Any  # L,N,H,D
     mlp_norm: Any  # L,D
-    gate: Any  # L,D,F
-    up: Any  # L,D,F
-    down: Any  # L,F,D
-    q_bias: Any = None  # L,N,H (Qwen2)
+    q_bias: Any = None  # L,N,H (Qwen2, gpt-oss)
     k_bias: Any = None  # L,K,H
     v_bias: Any = None  # L,K,H
-    q_norm: Any = None  # L,H (Qwen3)
+    q_norm: Any = None  # L,H (Qwen3, Qwen3-MoE, Gemma-3)
     k_norm: Any = None  # L,H
+    o_bias: Any = None  # L,D (gpt-oss)
+    sinks: Any = None  # L,N (gpt-oss)
+    post_attn_norm: Any = None  # L,D (Gemma-3: norms the attention output)
+    post_mlp_norm: Any = None  # L,D (Gemma-3: norms the MLP output)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DenseMLP:
+    """Gated MLPs of the dense layers, stacked (every layer, or Qwen3-MoE's `mlp_only_layers`)."""
+
+    gate: Any  # Ld,D,F
+    up: Any  # Ld,D,F
+    down: Any  # Ld,F,D
 
 
 @jax.tree_util.register_dataclass
@@ -47,6 +73,8 @@ class TargetWeights:
     layers: TargetLayers
     final_norm: Any  # D
     lm_head: Any = None  # D,V; None when tied to `embed`
+    mlp: DenseMLP | None = None  # the dense layers' MLPs
+    experts: moe.ExpertWeights | None = None  # the sparse layers' routed experts, stacked
 
     @staticmethod
     def abstract(cfg: TargetConfig, dtype: Any = jnp.bfloat16) -> TargetWeights:
@@ -58,7 +86,7 @@ class TargetWeights:
             return ArrayInfo(tuple(shape), dtype, tuple(axes), init or fan_in_init(2))
 
         lin = fan_in_init(2)  # fan-in is the D (or N*H) dimension after the layer axis
-        norm = ones_init
+        norm = zeros_init if cfg.gemma_norms else ones_init  # Gemma stores w of (1 + w)
         layers = TargetLayers(
             attn_norm=info((L, D), ("layers", "embed"), norm),
             q=info((L, D, N, H), ("layers", "embed", "heads", "head_dim"), lin),
@@ -66,9 +94,6 @@ class TargetWeights:
             v=info((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), lin),
             o=info((L, N, H, D), ("layers", "heads", "head_dim", "embed"), fan_in_init(3)),
             mlp_norm=info((L, D), ("layers", "embed"), norm),
-            gate=info((L, D, F), ("layers", "embed", "ffw"), lin),
-            up=info((L, D, F), ("layers", "embed", "ffw"), lin),
-            down=info((L, F, D), ("layers", "ffw", "embed"), lin),
         )
         if cfg.attention_bias:
             layers.q_bias = info((L, N, H), ("layers", "heads", "head_dim"), normal_init())
@@ -77,12 +102,39 @@ class TargetWeights:
         if cfg.qk_norm:
             layers.q_norm = info((L, H), ("layers", "head_dim"), norm)
             layers.k_norm = info((L, H), ("layers", "head_dim"), norm)
+        if cfg.attention_sinks:  # gpt-oss: sinks and an output bias come together
+            layers.sinks = info((L, N), ("layers", "heads"), normal_init())
+            layers.o_bias = info((L, D), ("layers", "embed"), normal_init())
+        if cfg.gemma_norms:
+            layers.post_attn_norm = info((L, D), ("layers", "embed"), norm)
+            layers.post_mlp_norm = info((L, D), ("layers", "embed"), norm)
+        sparse = cfg.moe.sparse_layers if cfg.moe else (False,) * L
+        n_dense, mlp, experts = L - sum(sparse), None, None
+        if n_dense:
+            mlp = DenseMLP(
+                gate=info((n_dense, D, F), ("layers", "embed", "ffw"), lin),
+                up=info((n_dense, D, F), ("layers", "embed", "ffw"), lin),
+                down=info((n_dense, F, D), ("layers", "ffw", "embed"), lin))
+        if cfg.moe is not None:
+            m = cfg.moe
+            shapes = {"router": (D, m.num_experts), "gate": (m.num_experts, D, m.expert_size),
+                      "up": (m.num_experts, D, m.expert_size),
+                      "down": (m.num_experts, m.expert_size, D)}
+            if m.bias:
+                shapes.update(router_bias=(m.num_experts,), gate_bias=shapes["gate"][::2],
+                              up_bias=shapes["up"][::2], down_bias=(m.num_experts, D))
+            experts = moe.ExpertWeights(**{
+                name: info((m.num_sparse, *shape), ("layers", *moe.AXES[name]),
+                           normal_init() if "bias" in name else lin)
+                for name, shape in shapes.items()})
         return TargetWeights(
             embed=info((V, D), ("vocab", "embed"), normal_init()),
             layers=layers,
             final_norm=info((D,), ("embed",), norm),
             lm_head=None if cfg.tie_word_embeddings else info((D, V), ("embed", "vocab"),
                                                               normal_init()),
+            mlp=mlp,
+            experts=experts,
         )
 
 
@@ -95,31 +147,105 @@ def embed_tokens(w: TargetWeights, tokens_BxT: jax.Array) -> jax.Array:
     return constrain(jnp.take(w.embed, tokens_BxT, axis=0), ("batch", "seq", "act_embed"))
 
 
-def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, inv_freq, kv_fn,
-           layer, extra, attn_impl: str = "xla"):
+@dataclasses.dataclass(frozen=True)
+class _LayerTables:
+    """Per-layer attention variation as arrays indexed by the (traced) layer index, so local
+    and global layers, and dense and sparse ones, run as one compiled scanned layer."""
+
+    inv_freq_RxH2: jax.Array  # one row per distinct rope
+    rope_scale: tuple[float, ...]  # cos/sin factor per rope (YaRN), static
+    rope_index_L: jax.Array
+    window_L: jax.Array | None  # 0 = full attention; None: no layer has a window
+
+
+def _tables(cfg: TargetConfig) -> _LayerTables:
+    ropes = cfg.rope_for_layer()
+    return _LayerTables(
+        inv_freq_RxH2=jnp.asarray(np.stack([r.inv_freq(cfg.head_dim) for r in ropes])),
+        rope_scale=tuple(r.attention_scaling for r in ropes),
+        rope_index_L=jnp.asarray(cfg.layer_rope_index(), jnp.int32),
+        window_L=jnp.asarray(cfg.layer_windows, jnp.int32) if any(cfg.layer_windows) else None,
+    )
+
+
+def _rope(x_BxTxNxH, positions_BxT, tables: _LayerTables, r):
+    out = rope(x_BxTxNxH, positions_BxT, tables.inv_freq_RxH2[r])
+    if any(s != 1.0 for s in tables.rope_scale):
+        out = out * jnp.asarray(tables.rope_scale, out.dtype)[r]
+    return out
+
+
+def _mlp_seam(w: TargetWeights, cfg: TargetConfig):
+    """(per-layer scanned MLP weights or None, mlp_fn(h, layer, scanned) -> [B, T, D]).
+
+    When every layer's MLP has the same kind its weights are scanned along with the layers;
+    a mixed Qwen3-MoE stack (`mlp_only_layers`, `decoder_sparse_step`) indexes the dense or
+    the expert stack by layer and picks the branch with `lax.cond`.
+    """
+    def dense(h, mw):
+        return gated_mlp(h, mw.gate, mw.up, mw.down, cfg.mlp_activation)
+
+    def sparse(h, ew):
+        return moe.moe_mlp(h, ew, cfg.moe)
+
+    if w.experts is None:
+        return w.mlp, lambda h, layer, mw: dense(h, mw)
+    if w.mlp is None:
+        return w.experts, lambda h, layer, ew: sparse(h, ew)
+    flags = np.asarray(cfg.moe.sparse_layers)
+    slot = jnp.asarray(np.where(flags, np.cumsum(flags) - 1, np.cumsum(~flags) - 1), jnp.int32)
+    is_sparse = jnp.asarray(flags)
+
+    def take(stack, i):
+        return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stack)
+
+    def mixed(h, layer, _):
+        return jax.lax.cond(is_sparse[layer], lambda: sparse(h, take(w.experts, slot[layer])),
+                            lambda: dense(h, take(w.mlp, slot[layer])))
+    return None, mixed
+
+
+def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, kv_fn, mlp_fn,
+           mw, layer, extra, attn_impl: str = "xla"):
     """One decoder layer (index `layer`).
 
-    `kv_fn(k, v, layer, extra) -> (k_all, v_all, mask, extra)` supplies the keys to attend to:
-    the layer's own (training) or a KV cache it updates (decoding).
+    `kv_fn(k, v, layer, extra) -> (k_all, v_all, mask, key_positions, extra)` supplies the keys
+    to attend to: the layer's own (training) or a KV cache it updates (decoding), with the
+    position of every key (for sliding windows). `mlp_fn(h, layer, mw)` is the layer's MLP.
     """
+    norm = gemma_rms_norm if cfg.gemma_norms else rms_norm
+    eps = cfg.rms_norm_eps
     with jax.named_scope("attention"):
-        h = rms_norm(x_BxTxD, lw.attn_norm, cfg.rms_norm_eps)
+        h = norm(x_BxTxD, lw.attn_norm, eps)
         q = jnp.einsum("btd,dnh->btnh", h, lw.q)
         k = jnp.einsum("btd,dkh->btkh", h, lw.k)
         v = jnp.einsum("btd,dkh->btkh", h, lw.v)
         if lw.q_bias is not None:
             q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
         if lw.q_norm is not None:
-            q = rms_norm(q, lw.q_norm, cfg.rms_norm_eps)
-            k = rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
-        q = constrain(rope(q, positions_BxT, inv_freq), ("batch", "seq", "act_heads", None))
-        k = constrain(rope(k, positions_BxT, inv_freq), ("batch", "seq", "act_heads", None))
+            q, k = norm(q, lw.q_norm, eps), norm(k, lw.k_norm, eps)
+        r = tables.rope_index_L[layer]
+        q = constrain(_rope(q, positions_BxT, tables, r), ("batch", "seq", "act_heads", None))
+        k = constrain(_rope(k, positions_BxT, tables, r), ("batch", "seq", "act_heads", None))
         v = constrain(v, ("batch", "seq", "act_heads", None))
-        k_all, v_all, mask, extra = kv_fn(k, v, layer, extra)
-        a = attend(q, k_all, v_all, mask, attn_impl)
-        x_BxTxD = x_BxTxD + jnp.einsum("btnh,nhd->btd", a, lw.o)
-    h = rms_norm(x_BxTxD, lw.mlp_norm, cfg.rms_norm_eps)
-    x_BxTxD = x_BxTxD + swiglu(h, lw.gate, lw.up, lw.down)
+        k_all, v_all, mask, key_positions, extra = kv_fn(k, v, layer, extra)
+        if tables.window_L is not None:
+            mask = window_mask(mask, positions_BxT, key_positions, tables.window_L[layer])
+        if lw.sinks is None and not cfg.query_scale and not cfg.attn_softcap:
+            a = attend(q, k_all, v_all, mask, attn_impl)
+        else:
+            a = attend_general(q, k_all, v_all, mask, cfg.query_scale or cfg.head_dim ** -0.5,
+                               cfg.attn_softcap, lw.sinks)
+        o = jnp.einsum("btnh,nhd->btd", a, lw.o)
+        if lw.o_bias is not None:
+            o = o + lw.o_bias
+        if lw.post_attn_norm is not None:
+            o = norm(o, lw.post_attn_norm, eps)
+        x_BxTxD = x_BxTxD + o
+    h = mlp_fn(norm(x_BxTxD, lw.mlp_norm, eps), layer, mw)
+    if lw.post_mlp_norm is not None:
+        h = norm(h, lw.post_mlp_norm, eps)
+    x_BxTxD = x_BxTxD + h
     return constrain(x_BxTxD, ("batch", "seq", "act_embed")), extra
 
 
@@ -147,26 +273,30 @@ def _scan_layers(w: TargetWeights, cfg: TargetConfig, tokens_BxT, positions_BxT,
     Capturing costs one [B,T,D] write per layer (uncaptured layers write a scratch slot)
     instead of keeping every layer's output.
     """
-    inv_freq = jnp.asarray(cfg.rope.inv_freq(cfg.head_dim))
+    tables = _tables(cfg)
+    mlp_xs, mlp_fn = _mlp_seam(w, cfg)
     unique = tuple(sorted(set(aux_layer_ids)))
     slots = _capture_slots(cfg, unique)
     n = len(unique)
     x = embed_tokens(w, tokens_BxT)
     b, t, d = x.shape
+    if cfg.gemma_norms:  # Gemma scales the embeddings by sqrt(D), rounded to the weight dtype
+        x = x * jnp.asarray(math.sqrt(d), x.dtype)
     # no capture asked (plain generation): no aux buffer and no per-layer write at all
     aux = jnp.zeros((n + 1, b, t, d), x.dtype) if n else None
 
     def body(carry, xs):
         x, aux, extra = carry
-        lw, layer = xs
+        lw, mw, layer = xs
         if n:
             aux = jax.lax.dynamic_update_slice(aux, x[None], (slots[layer], 0, 0, 0))
-        x, extra = _layer(x, lw, cfg, positions_BxT, inv_freq, kv_fn, layer, extra, attn_impl)
+        x, extra = _layer(x, lw, cfg, positions_BxT, tables, kv_fn, mlp_fn, mw, layer, extra,
+                          attn_impl)
         return (x, aux, extra), None
 
     (x, aux, extra), _ = jax.lax.scan(body, (x, aux, extra),
-                                      (w.layers, jnp.arange(cfg.num_layers)))
-    x = rms_norm(x, w.final_norm, cfg.rms_norm_eps)
+                                      (w.layers, mlp_xs, jnp.arange(cfg.num_layers)))
+    x = (gemma_rms_norm if cfg.gemma_norms else rms_norm)(x, w.final_norm, cfg.rms_norm_eps)
     if not n:
         return TargetOutput(x, None), extra
     order = [unique.index(i) for i in aux_layer_ids]  # ids may repeat on tiny models
@@ -193,7 +323,7 @@ def forward(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
     mask = causal_mask(segment_ids_BxT)
 
     def kv_fn(k, v, layer, extra):
-        return k, v, mask, extra
+        return k, v, mask, positions_BxT, extra
 
     out, _ = _scan_layers(w, cfg, tokens_BxT, positions_BxT, aux_layer_ids, kv_fn, None,
                           attn_impl)
@@ -236,12 +366,13 @@ def forward_cached(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
     positions = jnp.broadcast_to(start + jnp.arange(t), (b, t))
     mask = jnp.broadcast_to(jnp.arange(max_len)[None, :] <= positions[0][:, None],
                             (b, t, max_len))
+    key_positions = jnp.broadcast_to(jnp.arange(max_len), (b, max_len))
 
     def kv_fn(k, v, layer, extra):
         ck, cv = extra
         ck = jax.lax.dynamic_update_slice(ck, k[None], (layer, 0, start, 0, 0))
         cv = jax.lax.dynamic_update_slice(cv, v[None], (layer, 0, start, 0, 0))
-        return ck[layer], cv[layer], mask, (ck, cv)
+        return ck[layer], cv[layer], mask, key_positions, (ck, cv)
 
     out, (k, v) = _scan_layers(w, cfg, tokens_BxT, positions, aux_layer_ids, kv_fn,
                                (cache.k, cache.v))
@@ -254,22 +385,34 @@ class LayerList:
     """A target with its layers unstacked, for decoding.
 
     Scanning stacked layers makes XLA copy each layer's weights (and cache) out of the stack
-    at every step: at batch sizes where decoding is bound by reading the weights once, that
-    doubles the traffic. Decoding therefore loops over per-layer arrays instead (one compiled
-    body per layer, which the small decode programs can afford).
+    at every step: where decoding is bound by reading the weights once per step, that
+    doubles the traffic (34% + 20% of an 8B decode step on an H200). Decoding therefore loops
+    over per-layer arrays (one compiled body per layer, which small decode programs afford).
+    `mlps[i]` is layer i's `DenseMLP` or `moe.ExpertWeights` slice.
     """
 
     embed: Any  # V,D
     layers: list  # [TargetLayers], one per layer
+    mlps: list
     final_norm: Any
     lm_head: Any = None
 
 
-def unstack(w: TargetWeights) -> LayerList:
+def _sparse_layers(cfg: TargetConfig) -> tuple[bool, ...]:
+    return cfg.moe.sparse_layers if cfg.moe else (False,) * cfg.num_layers
+
+
+def unstack(w: TargetWeights, cfg: TargetConfig) -> LayerList:
     """Per-layer copies of the stacked weights (jit it; drop the stacked ones after)."""
-    n = w.layers.attn_norm.shape[0]
-    return LayerList(w.embed, [jax.tree.map(lambda a, i=i: a[i], w.layers) for i in range(n)],
-                     w.final_norm, w.lm_head)
+    def take(stack, i):
+        return jax.tree.map(lambda a: a[i], stack)
+
+    layers, mlps, counts = [], [], {True: 0, False: 0}
+    for i, sparse in enumerate(_sparse_layers(cfg)):
+        layers.append(take(w.layers, i))
+        mlps.append(take(w.experts if sparse else w.mlp, counts[sparse]))
+        counts[sparse] += 1
+    return LayerList(w.embed, layers, mlps, w.final_norm, w.lm_head)
 
 
 @jax.tree_util.register_dataclass
@@ -297,7 +440,7 @@ def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
     Row r of the cache holds S positions; a position's keys live at that index of its row,
     so each row has its own RoPE positions and length. Batch row b writes its keys at
     `positions_BxT[b]` of cache row `rows_B[b]` (default: row b, then B == C) and attends to
-    the keys at positions <= its own.
+    the keys at positions <= its own (and inside a layer's sliding window).
 
     prefill  the T tokens start a sequence at position 0: they attend to each other only
              (causally), so no cache is read; padding after a prompt writes keys past its
@@ -315,6 +458,7 @@ def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
         mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
     else:
         mask = jnp.arange(window)[None, None, :] <= positions_BxT[:, :, None]
+    key_positions = jnp.broadcast_to(jnp.arange(window), (b, window))  # a slot is a position
     ks, vs = list(cache.k), list(cache.v)
 
     def kv_fn(k, v, layer, extra):
@@ -323,15 +467,26 @@ def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
         vs[layer] = vs[layer].at[rows[:, None], positions_BxT].set(v.astype(vs[layer].dtype),
                                                                    mode="drop")
         if prefill:
-            return k, v, mask, extra
+            return k, v, mask, positions_BxT, extra
         keys, values = ks[layer][:, :window], vs[layer][:, :window]
         if rows_B is not None:
             keys, values = keys[rows], values[rows]
-        return keys, values, mask, extra
+        return keys, values, mask, key_positions, extra
 
-    inv_freq = jnp.asarray(cfg.rope.inv_freq(cfg.head_dim))
+    def dense(h, layer, mw):
+        return gated_mlp(h, mw.gate, mw.up, mw.down, cfg.mlp_activation)
+
+    def sparse(h, layer, ew):
+        return moe.moe_mlp(h, ew, cfg.moe)
+
+    tables = _tables(cfg)
     x = embed_tokens(w, tokens_BxT)
-    for i, lw in enumerate(w.layers):
+    if cfg.gemma_norms:  # as in _scan_layers
+        x = x * jnp.asarray(math.sqrt(x.shape[-1]), x.dtype)
+    for i, (lw, mw, is_sparse) in enumerate(zip(w.layers, w.mlps, _sparse_layers(cfg),
+                                                strict=True)):
         with jax.named_scope(f"layer{i}"):
-            x, _ = _layer(x, lw, cfg, positions_BxT, inv_freq, kv_fn, i, None)
-    return rms_norm(x, w.final_norm, cfg.rms_norm_eps), RowCache(ks, vs)
+            x, _ = _layer(x, lw, cfg, positions_BxT, tables, kv_fn,
+                          sparse if is_sparse else dense, mw, i, None)
+    norm = gemma_rms_norm if cfg.gemma_norms else rms_norm
+    return norm(x, w.final_norm, cfg.rms_norm_eps), RowCache(ks, vs)

@@ -244,7 +244,7 @@ class Engine:
                              f"{MIN_PREFILL}")
         self.tcfg, self.mesh, self.cfg = tcfg, mesh, cfg
         # per-layer weights: see target.LayerList (the caller may drop the stacked ones)
-        self.w = jax.jit(target.unstack)(weights)
+        self.w = jax.jit(target.unstack, static_argnums=1)(weights, tcfg)
         self.stop_ids = jnp.asarray(sorted(set(stop_ids)) or [-1], jnp.int32)
         self.base_key = jax.random.key(cfg.seed)
         self.rows: list[_Row | None] = [None] * cfg.rows

@@ -35,7 +35,8 @@ _LICENSES = [
     (r"^meta-llama/Llama-3\.3-", "llama3.3"), (r"^meta-llama/Meta-Llama-3-", "llama3"),
     (r"^Qwen/Qwen3-", "apache-2.0"), (r"^Qwen/Qwen2\.5-(0\.5B|1\.5B|7B|14B|32B)", "apache-2.0"),
     (r"^Qwen/Qwen2-", "apache-2.0"), (r"^HuggingFaceTB/SmolLM", "apache-2.0"),
-    (r"^mistralai/Mistral-7B", "apache-2.0"),
+    (r"^mistralai/Mistral-7B", "apache-2.0"), (r"^openai/gpt-oss-", "apache-2.0"),
+    (r"^google/gemma-3-", "gemma"),
 ]
 
 

@@ -27,6 +27,7 @@ from eagle3kit.core.sharding import ArrayInfo, is_info, shardings
 from eagle3kit.core.target import TargetWeights
 from eagle3kit.errors import InputError, first_line
 from eagle3kit.io.gguf import GGUFCheckpoint
+from eagle3kit.io.mxfp4 import Mxfp4Source
 from eagle3kit.io.safetensors import SafetensorsFile
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -147,6 +148,18 @@ def _same(w, c):
     return w
 
 
+def _router(w, c):  # [E, D] -> [D, E]
+    return w.T
+
+
+def _experts(w, c):  # per-expert Linear [E, out, in] -> [E, in, out]
+    return np.swapaxes(w, 1, 2)
+
+
+def _interleaved(start: int):  # gpt-oss gate_up [E, D, 2F], gate and up interleaved
+    return lambda w, c: w[..., start::2]
+
+
 KEY_TABLE: dict[str, tuple[str, Callable]] = {
     "embed": ("model.embed_tokens.weight", _same),
     "final_norm": ("model.norm.weight", _same),
@@ -162,10 +175,55 @@ KEY_TABLE: dict[str, tuple[str, Callable]] = {
     "layers.v_bias": ("model.layers.{i}.self_attn.v_proj.bias", _bias("K")),
     "layers.q_norm": ("model.layers.{i}.self_attn.q_norm.weight", _same),
     "layers.k_norm": ("model.layers.{i}.self_attn.k_norm.weight", _same),
-    "layers.gate": ("model.layers.{i}.mlp.gate_proj.weight", _lin()),
-    "layers.up": ("model.layers.{i}.mlp.up_proj.weight", _lin()),
-    "layers.down": ("model.layers.{i}.mlp.down_proj.weight", _lin()),
+    "layers.o_bias": ("model.layers.{i}.self_attn.o_proj.bias", _same),
+    "layers.sinks": ("model.layers.{i}.self_attn.sinks", _same),
+    "mlp.gate": ("model.layers.{i}.mlp.gate_proj.weight", _lin()),
+    "mlp.up": ("model.layers.{i}.mlp.up_proj.weight", _lin()),
+    "mlp.down": ("model.layers.{i}.mlp.down_proj.weight", _lin()),
+    # Qwen3-MoE: one Linear per expert ({j}), stacked on load
+    "experts.router": ("model.layers.{i}.mlp.gate.weight", _router),
+    "experts.gate": ("model.layers.{i}.mlp.experts.{j}.gate_proj.weight", _experts),
+    "experts.up": ("model.layers.{i}.mlp.experts.{j}.up_proj.weight", _experts),
+    "experts.down": ("model.layers.{i}.mlp.experts.{j}.down_proj.weight", _experts),
 }
+# Per-family differences from the table above.
+_FAMILY_KEYS: dict[str, dict[str, tuple[str, Callable]]] = {
+    # Gemma's post_attention_layernorm norms the attention output; the MLP's input norm is
+    # pre_feedforward_layernorm
+    "gemma3": {
+        "layers.mlp_norm": ("model.layers.{i}.pre_feedforward_layernorm.weight", _same),
+        "layers.post_attn_norm": ("model.layers.{i}.post_attention_layernorm.weight", _same),
+        "layers.post_mlp_norm": ("model.layers.{i}.post_feedforward_layernorm.weight", _same),
+    },
+    # gpt-oss: fused 3-D expert parameters in (in, out) layout (MXFP4 `_blocks`/`_scales`
+    # pairs read as these names, see io/mxfp4.py)
+    "gpt_oss": {
+        "experts.router": ("model.layers.{i}.mlp.router.weight", _router),
+        "experts.router_bias": ("model.layers.{i}.mlp.router.bias", _same),
+        "experts.gate": ("model.layers.{i}.mlp.experts.gate_up_proj", _interleaved(0)),
+        "experts.up": ("model.layers.{i}.mlp.experts.gate_up_proj", _interleaved(1)),
+        "experts.down": ("model.layers.{i}.mlp.experts.down_proj", _same),
+        "experts.gate_bias": ("model.layers.{i}.mlp.experts.gate_up_proj_bias", _interleaved(0)),
+        "experts.up_bias": ("model.layers.{i}.mlp.experts.gate_up_proj_bias", _interleaved(1)),
+        "experts.down_bias": ("model.layers.{i}.mlp.experts.down_proj_bias", _same),
+    },
+}
+
+
+def key_table(cfg: TargetConfig) -> dict[str, tuple[str, Callable]]:
+    return {**KEY_TABLE, **_FAMILY_KEYS.get(cfg.family, {})}
+
+
+def _layer_ids(cfg: TargetConfig, key: str) -> list[int]:
+    """The HF layer indices a stacked weight covers: every layer, the dense or the sparse."""
+    sparse = cfg.moe.sparse_layers if cfg.moe else (False,) * cfg.num_layers
+    if key.startswith("mlp."):
+        return [i for i, s in enumerate(sparse) if not s]
+    if key.startswith("experts."):
+        return [i for i, s in enumerate(sparse) if s]
+    return list(range(cfg.num_layers))
+
+
 # present in some checkpoints, never used
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 
@@ -175,63 +233,81 @@ def _path_str(path) -> str:
 
 
 def load_target(ckpt: TargetCheckpoint, mesh: Mesh, dtype: Any = jnp.bfloat16) -> TargetWeights:
-    """Loads every weight of `ckpt` straight into its sharding on `mesh`, cast to `dtype`."""
-    cfg, src = ckpt.config, ckpt.source
+    """Loads every weight of `ckpt` straight into its sharding on `mesh`, cast to `dtype`.
+
+    Every name and shape is checked before any device work. A weight may be stacked from
+    many tensors: one per layer (`{i}`) and, for Qwen3-MoE, one per expert (`{j}`).
+    """
+    cfg = ckpt.config
+    src = Mxfp4Source(ckpt.source, ckpt.path) if cfg.family == "gpt_oss" else ckpt.source
     abstract = TargetWeights.abstract(cfg, dtype)
     shards = shardings(abstract, mesh)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract, is_leaf=is_info)
     shard_leaves = jax.tree_util.tree_leaves(shards)
+    table = key_table(cfg)
     available = set(src.names)
     used: set[str] = set()
-    out = []
+    plans = []
     for (path, info), sharding in zip(leaves, shard_leaves, strict=True):
         key = _path_str(path)
-        name, transform = KEY_TABLE[key]
-        names = [name.format(i=i) for i in range(cfg.num_layers)] if "{i}" in name else [name]
-        missing = [n for n in names if n not in available]
+        pattern, transform = table[key]
+        stacked = "{i}" in pattern
+        layers = _layer_ids(cfg, key) if stacked else [None]
+        experts = range(cfg.moe.num_experts) if "{j}" in pattern else [None]
+        names = [[pattern.format(i=i, j=j) for j in experts] for i in layers]
+        missing = [n for group in names for n in group if n not in available]
         if missing:
             raise InputError(f"weight {missing[0]!r} is missing (config says "
                              f"{cfg.model_type}, {cfg.num_layers} layers)", path=ckpt.path)
-        used.update(names)
-        out.append(_load_one(src, names, transform, cfg, info, sharding, "{i}" in name,
-                             ckpt.path))
+        used.update(n for group in names for n in group)
+        plans.append((names, transform, info, sharding, stacked, "{j}" in pattern))
     extra = sorted(n for n in available - used
                    if not _IGNORED.match(n) and not (n == "lm_head.weight"
                                                      and cfg.tie_word_embeddings))
     if extra:
         raise InputError(f"{len(extra)} tensors do not belong to a {cfg.model_type} model with "
                          f"this config, e.g. {extra[0]!r}", path=ckpt.path)
+    for names, transform, info, _, stacked, per_expert in plans:
+        _check_shapes(src, names, transform, cfg, info, stacked, per_expert, ckpt.path)
+    out = [_load_one(src, names, transform, cfg, info, sharding, stacked, per_expert, ckpt.path)
+           for names, transform, info, sharding, stacked, per_expert in plans]
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _load_one(src, names, transform, cfg, info: ArrayInfo, sharding, stacked: bool, where):
+def _check_shapes(src, names, transform, cfg, info: ArrayInfo, stacked: bool, per_expert: bool,
+                  where) -> None:
+    """Fails on a shape that does not fit the config, before any device work."""
     expected = info.shape[1:] if stacked else info.shape
-    cache: dict[str, np.ndarray] = {}
+    for group in names:
+        probes = [np.broadcast_to(np.float32(0), src.shape(n)) for n in group]  # views
+        probe = np.stack(probes) if per_expert else probes[0]
+        if tuple(transform(probe, cfg).shape) != tuple(expected):
+            shown = f"{len(group)} x {tuple(src.shape(group[0]))}" if per_expert else \
+                tuple(src.shape(group[0]))
+            raise InputError(f"{group[0]}: shape {shown} does not match the config "
+                             f"(expected {expected} after transposing)", path=where)
 
-    def tensor(name: str) -> np.ndarray:
-        # GGUF tensors are dequantised whole; keep one per name while this weight loads.
-        if name not in cache:
-            w = transform(src.get(name), cfg)
-            if tuple(w.shape) != tuple(expected):
-                raise InputError(f"{name}: shape {tuple(src.shape(name))} does not match the "
-                                 f"config (expected {expected} after transposing)", path=where)
-            cache[name] = w
-        return cache[name]
+
+def _load_one(src, names, transform, cfg, info: ArrayInfo, sharding, stacked: bool,
+              per_expert: bool, where):
+    cache: dict[int, np.ndarray] = {}
+
+    def tensor(g: int) -> np.ndarray:
+        # GGUF and MXFP4 tensors are dequantised whole; keep each while this weight loads.
+        if g not in cache:
+            parts = [src.get(n) for n in names[g]]
+            cache[g] = transform(np.stack(parts) if per_expert else parts[0], cfg)
+        return cache[g]
 
     np_dtype = np.dtype(info.dtype)
 
     def callback(index):
         if stacked:
             layer_ix, rest = index[0], index[1:]
-            parts = [tensor(n)[rest] for n in names[layer_ix]]
+            parts = [tensor(g)[rest] for g in range(len(names))[layer_ix]]
             return np.stack(parts).astype(np_dtype)
-        return np.asarray(tensor(names[0])[index]).astype(np_dtype)
+        return np.asarray(tensor(0)[index]).astype(np_dtype)
 
-    for n in names:  # fail on shape before any device work
-        probe = np.broadcast_to(np.float32(0), src.shape(n))  # a view: nothing allocated
-        if tuple(transform(probe, cfg).shape) != tuple(expected):
-            raise InputError(f"{n}: shape {tuple(src.shape(n))} does not match the config "
-                             f"(expected {expected} after transposing)", path=where)
     arr = jax.make_array_from_callback(info.shape, sharding, callback)
     cache.clear()
     return arr
