@@ -44,7 +44,7 @@ from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import spec_for, use_mesh
 from eagle3kit.errors import ResourceError
 
-MIN_PREFILL = 32  # shortest prefill bucket (tokens)
+MIN_PREFILL = 128  # shortest prefill bucket (tokens), unless prefill_chunk is shorter
 MIN_WINDOW = 128  # shortest attention window (positions)
 
 
@@ -119,7 +119,8 @@ def window_bucket(n: int, limit: int) -> int:
 
 
 def _rows_bucket(n: int, low: int) -> int:
-    """Prefill rows: a power of four >= n (few programs; at most 4x the rows needed)."""
+    """Prefill rows: `low` times a power of four >= n (few programs; the engine sets `low` to
+    a sixteenth of its rows, so a refill of one row pads to 1/16 of a full prefill)."""
     p = max(low, 1)
     while p < n:
         p *= 4
@@ -239,9 +240,8 @@ class Engine:
         if cfg.rows % data:
             raise ResourceError(f"{cfg.rows} rows cannot be split over data={data} devices; "
                                 "use a multiple of the data axis")
-        if cfg.prefill_chunk & (cfg.prefill_chunk - 1) or cfg.prefill_chunk < MIN_PREFILL:
-            raise ValueError(f"prefill_chunk {cfg.prefill_chunk}: a power of two >= "
-                             f"{MIN_PREFILL}")
+        if cfg.prefill_chunk & (cfg.prefill_chunk - 1) or cfg.prefill_chunk < 16:
+            raise ValueError(f"prefill_chunk {cfg.prefill_chunk}: a power of two >= 16")
         self.tcfg, self.mesh, self.cfg = tcfg, mesh, cfg
         # per-layer weights: see target.LayerList (the caller may drop the stacked ones)
         self.w = jax.jit(target.unstack, static_argnums=1)(weights, tcfg)
@@ -309,9 +309,11 @@ class Engine:
             groups: dict[tuple[bool, int, int], list[int]] = collections.defaultdict(list)
             for i in rows:
                 piece = min(self.rows[i].remaining_prompt, self.cfg.prefill_chunk)
-                t = bucket(piece, MIN_PREFILL)
+                # few shapes (each is a compiled program): 128-token pieces and up, and later
+                # pieces of long prompts read the whole row
+                t = bucket(piece, min(MIN_PREFILL, self.cfg.prefill_chunk))
                 first = start[i] == 0
-                window = 0 if first else window_bucket(start[i] + t, self.cfg.max_context)
+                window = 0 if first else self.cfg.max_context
                 groups[(first, t, window)].append(i)
             for (first, t, window), members in sorted(groups.items()):
                 done += self._prefill_group(members, start, first, t, window)
@@ -321,7 +323,7 @@ class Engine:
 
     def _prefill_group(self, members, start, first, t, window) -> list[Completion]:
         c = self.cfg.rows
-        p = min(_rows_bucket(len(members), self.mesh.shape["data"]), c)
+        p = min(_rows_bucket(len(members), max(self.mesh.shape["data"], c // 16)), c)
         tokens = np.zeros((p, t), np.int32)
         rows = np.full((p,), c, np.int32)  # padding rows write nowhere
         starts, lengths = np.zeros((p,), np.int32), np.ones((p,), np.int32)

@@ -515,6 +515,19 @@ def stop_token_ids(tokenizer: Any, hf_config: dict[str, Any]) -> list[int]:
     return sorted(ids)
 
 
+def compile_cache() -> None:
+    """On accelerators, keep compiled programs on disk (EAGLE3KIT_COMPILE_CACHE, default
+    ~/.cache/eagle3kit/xla): a resumed or repeated run skips the engine's compilations."""
+    import jax
+
+    if jax.default_backend() == "cpu" or jax.config.jax_compilation_cache_dir:
+        return
+    path = os.environ.get("EAGLE3KIT_COMPILE_CACHE",
+                          os.path.expanduser("~/.cache/eagle3kit/xla"))
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     import jax
 
@@ -522,6 +535,7 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     from eagle3kit.decode.engine import Engine, EngineConfig, Sampling
     from eagle3kit.io.hf import load_target
 
+    compile_cache()
     mesh = make_mesh(cfg.mesh)
     t0 = time.perf_counter()
     weights = load_target(ckpt, mesh, common.DTYPES[cfg.target_dtype])
