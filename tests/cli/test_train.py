@@ -129,7 +129,10 @@ def test_mismatched_vocab_is_refused_before_compute(a, tmp_path):
     args[args.index(str(a / "vocab.safetensors"))] = str(other)
     r = invoke(args)
     assert r.exit_code == 3, r.output
-    assert "tokenizer" in r.output and not (tmp_path / "run").exists()
+    # the vocab is blamed (not the data), and the fix is to re-select it
+    assert (f"{other}: the vocab was made with tokenizer 49152:0123456789abcdef, but the "
+            "tokenizer of --target") in r.output and "re-tokenize" not in r.output, r.output
+    assert "vocab-select" in r.output and not (tmp_path / "run").exists()
 
 
 def test_mesh_errors(a, tmp_path):

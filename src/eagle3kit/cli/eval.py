@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.cli._common import console, example, handle_errors, require_files
 
 EXAMPLE = """
 eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
@@ -65,6 +65,7 @@ def eval_cmd(
     from eagle3kit.jobs.eval_report import plot_acceptance, print_report, require_matplotlib
     from eagle3kit.jobs.evaluate import EvalConfig, run
 
+    require_files(data=data)
     if samples is not None and str(samples) == "-" and json_out:
         raise typer.BadParameter("stdout carries the --json result; write samples to a file",
                                  param_hint="--samples")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.cli._common import console, example, handle_errors, require_files
 
 EXAMPLE = """
 eagle3kit train --target HuggingFaceTB/SmolLM2-135M-Instruct --data train.jsonl \\
@@ -74,6 +74,7 @@ def train(
     from eagle3kit.jobs.common import DTYPES
     from eagle3kit.jobs.train import TrainConfig, run
 
+    require_files(data=data, vocab=vocab, eval_data=eval_data)
     for name, value in (("--dtype", dtype), ("--target-dtype", target_dtype)):
         if value not in DTYPES:
             raise typer.BadParameter(f"{value!r}; choose {' or '.join(DTYPES)}", param_hint=name)

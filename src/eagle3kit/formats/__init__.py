@@ -19,11 +19,12 @@ import json
 import os
 from pathlib import Path
 
-from eagle3kit.errors import InputError, MismatchError, first_line
+from eagle3kit.errors import InputError, MismatchError
 from eagle3kit.formats import common, sglang, speculators, torch_bin
 from eagle3kit.io import safetensors as st
 from eagle3kit.io.atomic import atomic_dir
 from eagle3kit.io.draft_io import Draft, is_draft_dir, load_draft, save_draft
+from eagle3kit.io.hub import is_hub_id, snapshot
 
 FORMATS = ("eagle3kit", "sglang", "speculators")
 _ENGINES = {"sglang": sglang, "speculators": speculators}
@@ -108,15 +109,8 @@ def _resolve_source(source: str) -> Path:
     if path.exists():
         raise InputError("a draft is a directory (config.json and weights), not a file",
                          path=path)
-    if common.is_hub_id(source):
-        from huggingface_hub import snapshot_download
-
-        try:
-            return Path(snapshot_download(source, allow_patterns=[
-                "*.json", "*.safetensors", "pytorch_model*.bin"]))
-        except Exception as e:  # network, auth, missing repo: one clear line
-            raise InputError(f"cannot download the draft from the Hub ({type(e).__name__}: "
-                             f"{first_line(e)})", path=source) from None
+    if is_hub_id(source):
+        return snapshot(source, ["*.json", "*.safetensors", "pytorch_model*.bin"], "the draft")
     raise InputError("no such draft: not a directory or Hub id", path=source)
 
 
@@ -183,7 +177,7 @@ def export_draft(draft: Draft, fmt: str, out_dir: str | os.PathLike, dtype: str 
         draft = dataclasses.replace(draft, target_name=target_name)
     if fmt == "eagle3kit":
         return save_draft(out, draft, force=force)
-    if draft.target_name and not common.is_hub_id(draft.target_name):
+    if draft.target_name and not is_hub_id(draft.target_name):
         common.log.warning(
             "the target is recorded as %r, not a Hub id: the model card gets no base_model "
             "and `vllm serve DIR` looks for the verifier there; pass --target-name ORG/MODEL",

@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +26,9 @@ from eagle3kit import __version__
 from eagle3kit.core.config import DraftConfig, RopeConfig, TargetConfig
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.vocab import VocabMap
-from eagle3kit.errors import InputError, MismatchError, first_line
+from eagle3kit.errors import InputError, MismatchError
 from eagle3kit.io.draft_io import Draft
+from eagle3kit.io.hub import is_hub_id, snapshot
 
 log = logging.getLogger("eagle3kit.formats")
 
@@ -44,7 +44,6 @@ DTYPES: dict[str, np.dtype] = {
 }
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
                   "float": "float32"}
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def dtype_name(name: str) -> str:
@@ -53,10 +52,6 @@ def dtype_name(name: str) -> str:
     if canon not in DTYPES:
         raise InputError(f"unknown --dtype {name!r}; choose bfloat16, float16 or float32")
     return canon
-
-
-def is_hub_id(spec: str) -> bool:
-    return bool(_HUB_ID.match(spec)) and not Path(spec).exists()
 
 
 # ---- the key table ------------------------------------------------------------------------
@@ -275,14 +270,12 @@ def target_config(spec: str) -> tuple[str, dict[str, Any]]:
 
         return spec, GGUFCheckpoint(path).config
     if is_hub_id(spec):
-        from huggingface_hub import hf_hub_download
-
         try:
-            return spec, json.loads(Path(hf_hub_download(spec, "config.json")).read_text())
-        except Exception as e:  # offline, gated, missing: one line, and what to do instead
-            raise InputError(f"cannot fetch the target's config.json from the Hub "
-                             f"({type(e).__name__}: {first_line(e)}); pass --target with a local "
-                             "directory or .gguf file", path=spec) from None
+            directory = snapshot(spec, ["config.json"], "the target's config.json")
+        except InputError as e:
+            raise InputError(f"{e}; pass --target with a local directory or .gguf file"
+                             ) from None
+        return spec, json.loads((directory / "config.json").read_text())
     raise InputError("no such target: not a directory, .gguf file or Hub id", path=spec)
 
 

@@ -25,11 +25,10 @@ from jax.sharding import Mesh
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import ArrayInfo, is_info, shardings
 from eagle3kit.core.target import TargetWeights
-from eagle3kit.errors import InputError, first_line
+from eagle3kit.errors import InputError
 from eagle3kit.io.gguf import GGUFCheckpoint
+from eagle3kit.io.hub import is_hub_id, snapshot
 from eagle3kit.io.safetensors import SafetensorsFile
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class SafetensorsCheckpoint:
@@ -99,8 +98,9 @@ def resolve_target(spec: str | os.PathLike) -> TargetCheckpoint:
     elif path.is_file():
         raise InputError("unsupported checkpoint file (expected a .gguf file or a directory "
                          "with config.json and safetensors)", path=path)
-    elif _HUB_ID.match(spec) and not spec.startswith((".", "/")):
-        source = SafetensorsCheckpoint(_download(spec))
+    elif is_hub_id(spec):
+        source = SafetensorsCheckpoint(snapshot(
+            spec, ["*.json", "*.safetensors", "tokenizer*", "*.jinja"], "the target"))
         name = spec
     else:
         raise InputError("no such checkpoint: not a directory, .gguf file or Hub id",
@@ -108,17 +108,6 @@ def resolve_target(spec: str | os.PathLike) -> TargetCheckpoint:
     cfg = TargetConfig.from_hf_config(source.config, name=name,
                                       source=getattr(source, "path", spec))
     return TargetCheckpoint(cfg, source, path, name)
-
-
-def _download(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(
-            repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja"]))
-    except Exception as e:  # network, auth, missing repo: one clear line
-        raise InputError(f"cannot download from the Hub ({type(e).__name__}: "
-                         f"{first_line(e)})", path=repo_id) from None
 
 
 # ---- the key table ----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from eagle3kit.errors import InputError
-from eagle3kit.io.atomic import atomic_path
+from eagle3kit.io.atomic import open_output
 
 _DTYPES = {
     "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
@@ -82,7 +82,7 @@ def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]
 
 def save(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
          metadata: Mapping[str, str] | None = None) -> None:
-    """Writes `tensors` atomically, in the order given, with string `metadata`."""
+    """Writes `tensors` atomically (`-` = stdout), in the order given, with string `metadata`."""
     header: dict[str, object] = {}
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -99,10 +99,8 @@ def save(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
         offset += a.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    with open_output(path, "wb") as f:  # `-`: streamed to stdout (a pipe or a file)
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for a in arrays:
             f.write(a.tobytes())
-        f.flush()
-        os.fsync(f.fileno())

@@ -62,8 +62,8 @@ def print_report(console, r: dict[str, Any]) -> None:
         lines.append(f"tau (generation, tokens per target forward): {r['tau_generate']:.3f} "
                      f"over {r['verify_steps']:,} verify steps, {r['prompts']} prompts")
         lines.append(f"speculative {r['tokens_per_s_speculative']:,.1f} tok/s vs plain "
-                     f"{r['tokens_per_s_baseline']:,.1f} tok/s: [bold]{r['speedup']:.2f}x"
-                     f"[/bold] on {r['device']} (temperature {r['temperature']:g}, "
+                     f"{r['tokens_per_s_baseline']:,.1f} tok/s: {r['speedup']:.2f}x"
+                     f" on {r['device']} (temperature {r['temperature']:g}, "
                      f"{r['steps']} draft tokens per step)")
     for line in lines:
         console.print(line)

@@ -123,7 +123,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     params = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), draft.weights),
                             trainer.param_shardings)
     vocab_dev = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
-    console.print(f"[bold]eval[/bold] draft {cfg.draft} on {tcfg.name} "
+    console.print(f"eval: draft {cfg.draft} on {tcfg.name} "
                   f"({jax.device_count()} x {_device()}; weights loaded in "
                   f"{time.perf_counter() - t0:.1f}s)")
     base = {"draft": cfg.draft, "target": tcfg.name, "steps": cfg.steps, "device": _device()}
@@ -197,7 +197,7 @@ def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg:
     if cfg.temperature == 0 and identical < len(samples):
         # exact in fp32; in 16-bit a verify over K+1 tokens may round differently from a
         # one-token step, and a near-tie then flips
-        console.print(f"[yellow]warning:[/yellow] {len(samples) - identical} of {len(samples)} "
+        console.print(f"warning: {len(samples) - identical} of {len(samples)} "
                       "greedy answers differ from plain decoding (numerics of "
                       f"--target-dtype {cfg.target_dtype}; use float32 to check losslessness)")
     return {**summary, "speedup": round(spec_tps / plain_tps, 4),

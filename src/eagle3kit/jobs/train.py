@@ -144,7 +144,10 @@ def run(cfg: TrainConfig, console) -> Path:
     tcfg = ckpt.config
     _, target_key = common.target_tokenizer(cfg.target, required=False)
     if target_key:  # refuse data tokenized for another model, before any device work
-        require_same(target_key, key, "the vocab and data", cfg.target)
+        require_same(target_key, key, "the vocab", cfg.vocab,
+                     f"the tokenizer of --target {cfg.target}",
+                     "select the vocab (vocab-select) from data tokenized with the target's "
+                     "tokenizer")
     vocab = common.fit_vocab_to_target(vfile.vocab, tcfg.vocab_size, cfg.vocab)
     shard = (jax.process_index(), jax.process_count())
     docs = common.read_docs(cfg.data, key, cfg.seq_len, shard)
@@ -187,7 +190,7 @@ def run(cfg: TrainConfig, console) -> Path:
 
     state, step, epoch, position, elapsed_before = _initial_state(cfg, trainer, out, init)
     t_segment = time.time()  # wall time of earlier (resumed) segments is in elapsed_before
-    console.print(f"[bold]train[/bold] {tcfg.name}: {len(docs):,} records "
+    console.print(f"train {tcfg.name}: {len(docs):,} records "
                   f"({docs.num_tokens:,} tokens, {docs.truncated} truncated), "
                   f"{epoch_batches} steps/epoch x {cfg.epochs} epochs = {planned_steps} steps"
                   f"{f' (stopping at {total_steps})' if total_steps < planned_steps else ''}; "
@@ -258,7 +261,7 @@ def run(cfg: TrainConfig, console) -> Path:
                     "mesh": f"data={mesh.shape['data']},tensor={mesh.shape['tensor']}"}
         save_draft(final, Draft(dcfg, state.params, vocab, tcfg.name, ckpt.hf_config,
                                 fingerprints, training), force=True)
-        console.print(f"[green]done[/green]: {step} steps in {wall:.0f}s; "
+        console.print(f"done: {step} steps in {wall:.0f}s; "
                       f"draft written to {final}")
     return final
 
