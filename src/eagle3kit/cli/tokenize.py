@@ -81,27 +81,26 @@ def tokenize(
 
 
 class _progress:
-    """A live count on stderr when it is a terminal; nothing in pipes and logs."""
+    """A live count on a terminal; in logs a plain line every PROGRESS_SECONDS."""
 
     def __enter__(self):
-        self.bar = None
-        if console.is_terminal:
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from eagle3kit.jobs.progress import Progress
 
-            self.bar = Progress(SpinnerColumn(), TextColumn("tokenize {task.completed:,} "
-                                                            "conversations"),
-                                TimeElapsedColumn(), console=console, transient=True)
-            self.bar.__enter__()
-            self.task = self.bar.add_task("tokenize", total=None)
+        self.done = 0
+        self.bar = Progress(console, "tokenize: conversations", every=None,
+                            seconds=PROGRESS_SECONDS)
+        self.bar.__enter__()
         return self.advance
 
     def advance(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task, n)
+        self.done += n
+        self.bar.update(self.done, info="")
 
     def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
+        self.bar.__exit__(*exc)
+
+
+PROGRESS_SECONDS = 30.0
 
 
 def _report(r, seconds: float) -> None:
