@@ -102,7 +102,7 @@ def test_bad_input_is_one_line_and_writes_nothing(target, run_final, tmp_path):
         ((tmp_path / "weird", "--to", "sglang"), 2, "unknown draft format"),
         ((tmp_path / "missing", "--to", "sglang"), 2, "no such draft"),
         ((run_final, "--to", "gguf"), 2, "'gguf'; choose one of sglang, speculators"),
-        ((run_final, "--to", "sglang", "--dtype", "int4"), 2, "unknown --dtype 'int4'"),
+        ((run_final, "--to", "sglang", "--dtype", "int4"), 2, "--dtype 'int4': choose bfloat16, float16, float32"),
         ((tmp_path / "nameless", "--to", "speculators"), 3, "pass --target-name ORG/MODEL"),
     ]
     for args, code, message in cases:

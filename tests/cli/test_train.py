@@ -48,6 +48,23 @@ def losses(run: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in rows if not r.get("eval")]
 
 
+def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the TFRecord event files in `directory`, by tag, in step order."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        i = 0
+        while i < len(data):  # u64 length, u32 crc, payload, u32 crc
+            n = int.from_bytes(data[i:i + 8], "little")
+            event = Event.FromString(data[i + 12:i + 12 + n])
+            i += 16 + n
+            for v in event.summary.value:
+                out.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return {k: sorted(v) for k, v in out.items()}
+
+
 def rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -118,9 +135,16 @@ def test_same_batch_on_one_device_and_on_a_mesh(a, tmp_path):
 def test_eval_data_and_metrics(a, tmp_path):
     out = tmp_path / "run"
     r = invoke(base_args(a, out, "--max-steps", "2", "--eval-data", str(a / "heldout.jsonl"),
-                         "--eval-every", "2"))
+                         "--eval-every", "2", "--track", "tensorboard"))
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    # the TensorBoard events, read back: the same numbers as metrics.jsonl, by step
+    events = tensorboard_scalars(out / "tensorboard")
+    assert events["loss"] == [(x["step"], pytest.approx(x["loss"])) for x in rows
+                              if not x.get("eval")]
+    assert events["eval/tau"] == [(x["step"], pytest.approx(x["tau"])) for x in rows
+                                  if x.get("eval")]
+    assert len([k for k in events if k.startswith("acc/")]) == 3
     train_rows = [x for x in rows if not x.get("eval")]
     evals = [x for x in rows if x.get("eval")]
     assert [e["step"] for e in evals] == [0, 2]  # the starting point, then every 2 steps
@@ -236,8 +260,8 @@ def test_smollm2_draft_learns_on_real_sharegpt(tmp_path):
     ("--clip-norm", "0", "--clip-norm 0: must be a positive number"),
     ("--warmup-ratio", "1", "--warmup-ratio 1: must be in [0, 1)"),
     ("--epochs", "0", "--epochs 0: must be at least 1"),
-    ("--dtype", "float16", "'float16'; choose bfloat16, float32"),
-    ("--attention", "flash", "'flash'; choose auto, xla, cudnn"),
+    ("--dtype", "float16", "'float16': choose bfloat16, float32"),
+    ("--attention", "flash", "'flash': choose auto, xla, cudnn"),
 ])
 def test_options_are_refused_before_anything_loads(a, tmp_path, option, value, message):
     args = base_args(a, tmp_path / "run")
@@ -247,6 +271,16 @@ def test_options_are_refused_before_anything_loads(a, tmp_path, option, value, m
         args += [option, value]
     r = invoke(args)
     assert r.exit_code == 2 and message in r.output, r.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_or_missing_tracker_is_refused_at_once(a, tmp_path, monkeypatch):
+    r = invoke(base_args(a, tmp_path / "run", "--track", "mlflow"))
+    assert r.exit_code == 2 and "--track 'mlflow': choose tensorboard, wandb" in r.output
+    monkeypatch.setattr(sys, "path", [])  # no package can be found
+    monkeypatch.delitem(sys.modules, "tensorboardX", raising=False)
+    r = invoke(base_args(a, tmp_path / "run", "--track", "tensorboard"))
+    assert r.exit_code == 2 and "pip install 'eagle3kit[track]'" in r.output, r.output
     assert not (tmp_path / "run").exists()
 
 

@@ -106,7 +106,7 @@ def test_sglang_needs_layer_ids_above_zero(target, tmp_path):
 
 def test_dtype_and_format_names(target, tmp_path):
     d = make_draft(target)
-    with pytest.raises(InputError, match="unknown --dtype 'int8'"):
+    with pytest.raises(InputError, match="--dtype 'int8': choose bfloat16, float16, float32"):
         export_draft(d, "sglang", tmp_path / "a", dtype="int8")
     with pytest.raises(InputError, match="unknown format 'gguf'"):
         export_draft(d, "gguf", tmp_path / "a")

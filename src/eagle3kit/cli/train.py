@@ -21,6 +21,7 @@ from eagle3kit.cli._params import (
 from eagle3kit.errors import UserError
 from eagle3kit.jobs.config import TrainConfig, defaults
 from eagle3kit.jobs.preempt import Preemption
+from eagle3kit.jobs.tracking import parse_track
 
 EXAMPLE = """
 eagle3kit train --target HuggingFaceTB/SmolLM2-135M-Instruct --data train.jsonl \\
@@ -74,6 +75,10 @@ def train(
     eval_every: int = typer.Option(D.eval_every, help="Evaluate --eval-data every N steps."),
     log_every: int = typer.Option(D.log_every, help="Log line every N steps (non-terminal)."),
     seed: Seed = D.seed,
+    track: str | None = typer.Option(None, help="Also log to run trackers: tensorboard "
+                                     "(event files in OUT/tensorboard) and/or wandb, e.g. "
+                                     "tensorboard,wandb (WANDB_MODE=offline works without "
+                                     "network). Needs the `track` extra / wandb."),
     coordinator: Coordinator = None,
     num_processes: NumProcesses = None,
     process_id: ProcessId = None,
@@ -90,6 +95,7 @@ def train(
     options = dict(locals())  # every option, by name: the config takes them as they are
     multihost = [options.pop(k) for k in ("coordinator", "num_processes", "process_id")]
     options["aux_layer_ids"] = _parse_layers(options.pop("aux_layers"))
+    options["track"] = parse_track(options["track"])
     cfg = TrainConfig.from_options(**options)  # validates every option, before any loading
     no_stdout(out, "--out", "a run directory")
     require_files(data=data, vocab=vocab, eval_data=eval_data)

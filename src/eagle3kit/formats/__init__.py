@@ -42,17 +42,9 @@ def _read_json(path: Path) -> dict:
     return d
 
 
-def _safetensors_files(directory: Path) -> list[Path]:
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = _read_json(index).get("weight_map") or {}
-        return [directory / f for f in sorted(set(weight_map.values()))]
-    return sorted(directory.glob("*.safetensors"))
-
-
 def read_tensors(directory: Path) -> dict:
     """Every tensor of a checkpoint directory (safetensors, sharded or not, or a .bin)."""
-    files = _safetensors_files(directory)
+    files = st.checkpoint_files(directory)
     if files:
         tensors: dict = {}
         for f in files:
@@ -97,7 +89,7 @@ def detect_format(directory: str | os.PathLike) -> str:
 
 def _tensor_names(directory: Path) -> list[str]:
     names: list[str] = []
-    for f in _safetensors_files(directory):
+    for f in st.checkpoint_files(directory):
         names += st.SafetensorsFile(f).names
     return names
 

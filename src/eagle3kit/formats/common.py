@@ -19,7 +19,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from eagle3kit import __version__
@@ -28,6 +27,7 @@ from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.errors import InputError, MismatchError
 from eagle3kit.io.draft_io import Draft
+from eagle3kit.io.dtypes import DTYPES, dtype_name
 from eagle3kit.io.hub import is_hub_id, snapshot
 
 log = logging.getLogger("eagle3kit.formats")
@@ -37,22 +37,6 @@ log = logging.getLogger("eagle3kit.formats")
 SIDECAR = "eagle3kit.json"
 SIDECAR_FORMAT = "eagle3kit-export"
 WEIGHTS = "model.safetensors"
-
-DTYPES: dict[str, np.dtype] = {
-    "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
-    "float32": np.dtype(np.float32),
-}
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
-                  "float": "float32"}
-
-
-def dtype_name(name: str) -> str:
-    """Canonical dtype name (`bf16` -> `bfloat16`); an unknown name is a `UserError`."""
-    canon = _DTYPE_ALIASES.get(name, name)
-    if canon not in DTYPES:
-        raise InputError(f"unknown --dtype {name!r}; choose bfloat16, float16 or float32")
-    return canon
-
 
 # ---- the key table ------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from eagle3kit.core.target import TargetWeights
 from eagle3kit.errors import InputError
 from eagle3kit.io.gguf import GGUFCheckpoint
 from eagle3kit.io.hub import is_hub_id, snapshot
-from eagle3kit.io.safetensors import SafetensorsFile
+from eagle3kit.io.safetensors import SafetensorsFile, checkpoint_files
 
 
 class SafetensorsCheckpoint:
@@ -44,21 +44,15 @@ class SafetensorsCheckpoint:
                              path=directory) from None
         except json.JSONDecodeError as e:
             raise InputError(f"invalid JSON ({e})", path=config_path) from None
-        index = directory / "model.safetensors.index.json"
-        if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = {f: SafetensorsFile(directory / f) for f in sorted(set(weight_map.values()))}
-            self._where = {name: files[f] for name, f in weight_map.items()}
-        else:
-            single = sorted(directory.glob("*.safetensors"))
-            if not single:
-                found = ", ".join(sorted(p.name for p in directory.iterdir())[:8])
-                raise InputError("no *.safetensors weights (only safetensors and GGUF are "
-                                 f"supported; found: {found})", path=directory)
-            self._where = {}
-            for p in single:
-                f = SafetensorsFile(p)
-                self._where.update({n: f for n in f.names})
+        files = checkpoint_files(directory)  # sharded (index) or not
+        if not files:
+            found = ", ".join(sorted(p.name for p in directory.iterdir())[:8])
+            raise InputError("no *.safetensors weights (only safetensors and GGUF are "
+                             f"supported; found: {found})", path=directory)
+        self._where = {}
+        for p in files:
+            f = SafetensorsFile(p)
+            self._where.update({n: f for n in f.names})
 
     @property
     def names(self) -> list[str]:

@@ -104,3 +104,19 @@ def save(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
         f.write(raw)
         for a in arrays:
             f.write(a.tobytes())
+
+
+def checkpoint_files(directory: str | os.PathLike) -> list[Path]:
+    """The safetensors files of a checkpoint directory: those its
+    model.safetensors.index.json names (sharded), else every *.safetensors in it."""
+    directory = Path(directory)
+    index = directory / "model.safetensors.index.json"
+    if not index.is_file():
+        return sorted(directory.glob("*.safetensors"))
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise InputError(f"invalid safetensors index ({e})", path=index) from None
+    if not isinstance(weight_map, dict):
+        raise InputError("safetensors index without a weight_map", path=index)
+    return [directory / f for f in sorted(set(weight_map.values()))]

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from eagle3kit.core import ttt
@@ -19,11 +18,12 @@ from eagle3kit.core.vocab import VocabMap
 from eagle3kit.data.fingerprint import Fingerprint, require_same, tokenizer_fingerprint
 from eagle3kit.data.packing import TokenDocs, pack_epoch
 from eagle3kit.errors import InputError, MismatchError, UserError
+from eagle3kit.io import dtypes
 from eagle3kit.io.checkpoints import file_sha256
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import TargetCheckpoint
 
-DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+DTYPES = {name: dtypes.DTYPES[name] for name in dtypes.COMPUTE}  # what train and eval take
 
 
 def init_distributed(coordinator: str | None, num_processes: int | None,

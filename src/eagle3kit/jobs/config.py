@@ -18,8 +18,9 @@ from typing import Any
 
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.errors import UserError
+from eagle3kit.io import dtypes
 
-COMPUTE_DTYPES = ("bfloat16", "float32")  # names of --dtype / --target-dtype
+COMPUTE_DTYPES = dtypes.COMPUTE  # names of --dtype / --target-dtype
 ATTENTION = ("auto", "xla", "cudnn")  # target attention kernels (core.layers.resolve_attention)
 
 
@@ -64,6 +65,7 @@ class TrainConfig:
     init_from: str | None = None
     resume: bool = False
     time_limit: float | None = None  # seconds; then checkpoint and exit 75 (resumable)
+    track: tuple[str, ...] = ()  # run trackers: "tensorboard", "wandb" (jobs/tracking.py)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -125,7 +127,7 @@ def _validate(c: TrainConfig) -> None:
     if c.time_limit is not None and not c.time_limit > 0:
         raise UserError(f"--time-limit {c.time_limit:g}: must be a positive number of seconds")
     for name, value in (("--dtype", c.dtype), ("--target-dtype", c.target_dtype)):
-        if value not in COMPUTE_DTYPES:
-            raise UserError(f"{name} {value!r}: choose {' or '.join(COMPUTE_DTYPES)}")
+        if value not in COMPUTE_DTYPES:  # the command line canonicalises aliases (bf16)
+            dtypes.dtype_name(value, COMPUTE_DTYPES, name)
     if c.attention not in ATTENTION:
         raise UserError(f"--attention {c.attention!r}: choose {', '.join(ATTENTION)}")

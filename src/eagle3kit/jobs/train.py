@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import msgspec
 import numpy as np
 
 from eagle3kit.core import ttt
@@ -47,10 +46,12 @@ from eagle3kit.jobs import common
 from eagle3kit.jobs.config import TrainConfig
 from eagle3kit.jobs.preempt import Preempted, Preemption
 from eagle3kit.jobs.progress import TrainProgress
+from eagle3kit.jobs.tracking import MetricsLog
 
 # fields a resumed run may change (how long, how often); everything else must match
 _RESUMABLE = {"epochs", "max_steps", "save_every", "keep_checkpoints", "eval_every",
-              "log_every", "resume", "eval_data", "mesh", "out", "attention", "time_limit"}
+              "log_every", "resume", "eval_data", "mesh", "out", "attention", "time_limit",
+              "track"}
 
 
 def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
@@ -148,8 +149,8 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
                   f"steps{f' (stopping at {total_steps})' if total_steps < planned_steps else ''}"
                   f"; mesh data={mesh.shape['data']},tensor={mesh.shape['tensor']} on "
                   f"{jax.device_count()} {jax.devices()[0].device_kind}")
-    metrics_path = out / "metrics.jsonl"
-    log = open(metrics_path, "a") if jax.process_index() == 0 else None
+    log = (MetricsLog(out, cfg.track, cfg.to_json(), step) if jax.process_index() == 0
+           else None)
     progress = TrainProgress(console, total_steps, start=step, log_every=cfg.log_every)
     pending = None
     last_saved = step
@@ -358,8 +359,7 @@ def _report(pending, log, progress, epoch) -> None:
               "acc": s["acc"], "cond_acc": s["cond_acc"], "tau": s["tau"]}
     record["tokens_per_s"] = progress.update(step, record, t)
     if log:
-        log.write(msgspec.json.encode(record).decode() + "\n")
-        log.flush()
+        log.write(record)
 
 
 def _save(out, state, step, epoch, position, cfg, elapsed_s: float) -> None:
@@ -375,5 +375,4 @@ def _evaluate(trainer, state, target_w, vocab_dev, docs, cfg, step, log, progres
     record = {"step": step, "eval": True, **s}
     progress.note_eval(record)
     if log:
-        log.write(msgspec.json.encode(record).decode() + "\n")
-        log.flush()
+        log.write(record)
