@@ -24,6 +24,7 @@ from eagle3kit.formats import common, sglang, speculators, torch_bin
 from eagle3kit.io import safetensors as st
 from eagle3kit.io.atomic import atomic_dir
 from eagle3kit.io.draft_io import Draft, is_draft_dir, load_draft, save_draft
+from eagle3kit.io.hf import target_hf_config
 from eagle3kit.io.hub import is_hub_id, snapshot
 
 FORMATS = ("eagle3kit", "sglang", "speculators")
@@ -112,11 +113,11 @@ def _target(kind: str, config: dict, sidecar: dict | None, target: str | None,
     recorded = (sidecar or {}).get("target") or {}
     verifier = speculators.verifier_name(config) if kind == "speculators" else ""
     if target:
-        name, hf = common.target_config(target)
+        name, hf = target_hf_config(target)
     elif recorded.get("config"):
         name, hf = recorded.get("name", ""), recorded["config"]
     elif verifier:
-        name, hf = common.target_config(verifier)
+        name, hf = target_hf_config(verifier)
     else:
         raise MismatchError(f"cannot determine the draft's target: {kind} checkpoints do not "
                             "record it; pass --target MODEL (a directory, .gguf file or Hub "
@@ -134,7 +135,7 @@ def load_any_draft(source: str | os.PathLike, *, target: str | None = None,
     if kind == "eagle3kit":
         draft = load_draft(directory)
         if target:
-            name, hf = common.target_config(target)
+            name, hf = target_hf_config(target)
             draft = dataclasses.replace(draft, target_config=hf,
                                         target_name=draft.target_name or name)
     else:

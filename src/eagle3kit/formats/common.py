@@ -28,7 +28,6 @@ from eagle3kit.core.vocab import VocabMap
 from eagle3kit.errors import InputError, MismatchError
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.dtypes import DTYPES, dtype_name
-from eagle3kit.io.hub import is_hub_id, snapshot
 
 log = logging.getLogger("eagle3kit.formats")
 
@@ -234,33 +233,6 @@ def read_llama_fields(d: dict[str, Any], where: object, *, vocab_size: int | Non
 
 
 # ---- the target ---------------------------------------------------------------------------
-
-
-def target_config(spec: str) -> tuple[str, dict[str, Any]]:
-    """(name, HF config) of a target given as a directory, a `.gguf` file or a Hub id.
-
-    Only `config.json` is fetched from the Hub, never the weights.
-    """
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        try:
-            return spec, json.loads((path / "config.json").read_text())
-        except FileNotFoundError:
-            raise InputError("no config.json in the target directory", path=path) from None
-        except json.JSONDecodeError as e:
-            raise InputError(f"invalid JSON ({e})", path=path / "config.json") from None
-    if path.is_file() and path.suffix == ".gguf":
-        from eagle3kit.io.gguf import GGUFCheckpoint
-
-        return spec, GGUFCheckpoint(path).config
-    if is_hub_id(spec):
-        try:
-            directory = snapshot(spec, ["config.json"], "the target's config.json")
-        except InputError as e:
-            raise InputError(f"{e}; pass --target with a local directory or .gguf file"
-                             ) from None
-        return spec, json.loads((directory / "config.json").read_text())
-    raise InputError("no such target: not a directory, .gguf file or Hub id", path=spec)
 
 
 def default_aux_ids(target: dict[str, Any], where: object) -> tuple[int, ...]:

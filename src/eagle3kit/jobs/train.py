@@ -188,9 +188,12 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
                                                   or step == total_steps):
                         _evaluate(trainer, state, target_w, vocab_dev, eval_docs, cfg, step,
                                   log, progress)
-                    if step < total_steps:
+                    # across hosts the flags are agreed by a collective, which waits for the
+                    # step in flight: every --log-every steps (each step with --time-limit)
+                    if step < total_steps and (jax.process_count() == 1 or cfg.time_limit
+                                               or step % cfg.log_every == 0):
                         late = bool(cfg.time_limit and time.time() - t_start > cfg.time_limit)
-                        reason = common.agree_max(2 * stop.requested + late)  # one collective
+                        reason = common.agree_max(2 * stop.requested + late)
                         if reason:
                             checkpoint()
                             why = (f"stopped by {stop.name or 'a signal on another process'}"
