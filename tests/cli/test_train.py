@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -138,6 +139,14 @@ def test_eval_data_and_metrics(a, tmp_path):
                          "--eval-every", "2", "--track", "tensorboard"))
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    # the counts add up: every record read is used or dropped, "cut" counts used ones only
+    m = re.search(r"(\d+) records read, (\d+) used \([\d,]+ tokens; (\d+) cut to --seq-len "
+                  r"128\)(?:, (\d+) dropped \(no assistant token in their first 128 "
+                  r"tokens\))?", r.output)
+    assert m, r.output
+    read, used, cut, dropped = (int(x or 0) for x in m.groups())
+    assert read == len((a / "train.jsonl").read_text().splitlines()) == used + dropped
+    assert cut <= used
     # the TensorBoard events, read back: the same numbers as metrics.jsonl, by step
     events = tensorboard_scalars(out / "tensorboard")
     assert events["loss"] == [(x["step"], pytest.approx(x["loss"])) for x in rows
