@@ -375,4 +375,5 @@ def test_ctrl_c_during_start_up_exits_cleanly(a, tmp_path):
     time.sleep(0.3)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and "Traceback" not in err, (p.returncode, err)
+    # ended by SIGINT's default action (a shell reports 130), at once, without a traceback
+    assert p.returncode == -signal.SIGINT and "Traceback" not in err, (p.returncode, err)

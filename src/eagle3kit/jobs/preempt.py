@@ -2,15 +2,16 @@
 
 Spot VMs, TPU maintenance and batch schedulers send SIGTERM; a user presses Ctrl-C. Either
 only sets a flag here; the job reads it at step boundaries (`requested`), checkpoints and exits
-75 (EX_TEMPFAIL), so `--resume` loses nothing. A second Ctrl-C quits at once with 130, without
-interpreter teardown (threads of a compiling XLA runtime make an ordinary exit crash).
+75 (EX_TEMPFAIL), so `--resume` loses nothing. A second Ctrl-C quits at once: after the first,
+SIGINT gets its default action back, which ends the process even inside a long XLA call (a
+Python handler would only run once that call returns), with no interpreter teardown (threads
+of a compiling XLA runtime make an ordinary exit crash); the shell reports 130.
 
 No JAX here: the command installs this before importing the job.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -45,12 +46,9 @@ class Preemption:
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is not None:
-            if signum == signal.SIGINT:  # the second Ctrl-C: the user means now
-                self._say("interrupted again: quitting now, without a checkpoint")
-                sys.stderr.flush()
-                os._exit(130)
-            return
+            return  # a second SIGTERM: the scheduler's SIGKILL will follow if it must
         self.received = signum
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # the next Ctrl-C ends the process now
         self._say(f"{signal.Signals(signum).name} received: stopping at the next step "
                   "boundary with a checkpoint (Ctrl-C again to quit at once)")
 

@@ -158,7 +158,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     def checkpoint() -> None:  # report the step still in flight first: its loss may be NaN
         nonlocal pending, last_saved
         if pending is not None:
-            _report(pending, log, progress, epoch)
+            _report(pending, log, progress)
             pending = None
         if last_saved != step:
             _save(out, state, step, epoch, position, cfg,
@@ -180,8 +180,8 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
                     state, metrics = _step(trainer, state, target_w, vocab_dev, batch, cfg)
                     step, position = step + 1, position + 1
                     if pending is not None:
-                        _report(pending, log, progress, epoch)
-                    pending = (step, metrics, time.time())
+                        _report(pending, log, progress)
+                    pending = (step, epoch, metrics, time.time())  # reported a step later
                     if step % cfg.save_every == 0 or step == total_steps:
                         checkpoint()
                     if eval_docs is not None and (step % cfg.eval_every == 0
@@ -204,7 +204,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
                 if position >= epoch_batches:
                     epoch, position = epoch + 1, 0
             if pending is not None:
-                _report(pending, log, progress, epoch)
+                _report(pending, log, progress)
     except TrainingDiverged as e:
         raise TrainingDiverged(f"{e} The last good checkpoint is step {last_saved} in "
                                f"{checkpoints.checkpoint_dir(out)}; lower --lr or raise "
@@ -350,8 +350,8 @@ def _step(trainer, state, target_w, vocab_dev, batch, cfg):
         raise
 
 
-def _report(pending, log, progress, epoch) -> None:
-    step, m, t = pending
+def _report(pending, log, progress) -> None:
+    step, epoch, m, t = pending
     m = to_host(m)
     loss = float(m.loss)
     if not math.isfinite(loss):
