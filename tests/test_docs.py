@@ -3,6 +3,7 @@ README's two set-up commands are the ones the Makefile and CI run."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,40 @@ def test_readme_two_commands_are_what_ci_runs():
     makefile = (ROOT / "Makefile").read_text()
     assert "\ndemo:" in makefile and "\ntest:" in makefile
     assert (ROOT / "examples" / "smollm2_sharegpt.sh").exists()
+
+
+def _readme_commands() -> list[str]:
+    """The README's first example block, one command per element (continuations joined)."""
+    lines, block = (ROOT / "README.md").read_text().splitlines(), []
+    start = next(i for i, line in enumerate(lines) if line.startswith("    eagle3kit")
+                 or line.startswith("    set -o"))
+    for line in lines[start:]:
+        if not line.startswith("    "):
+            break
+        block.append(line.strip())
+    return " ".join(block).replace("\\ ", "").replace(" | ", " |\n").split("\n")
+
+
+def test_readme_pipeline_runs_under_pipefail_and_train_reads_what_it_wrote():
+    text = "\n".join(_readme_commands())
+    assert text.startswith("set -o pipefail")
+    commands = re.split(r"(?= eagle3kit (?:train|eval|convert|push) )", text)
+    written = set(re.findall(r"(?:tee|-o) (\S+)", commands[0]))
+    train = next(c for c in commands if c.startswith(" eagle3kit train"))
+    for option in ("--data", "--vocab", "--eval-data"):
+        for path in re.findall(rf"{option} (\S+)", train):
+            assert path in written, f"README: train {option} {path} is not made by the pipeline"
+
+
+def test_documents_point_only_at_files_in_the_repository():
+    sources = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "examples").iterdir()]
+    for source in sources:
+        text = source.read_text()
+        assert "../shared" not in text and "/work/shared" not in text, source
+        if source.suffix == ".md":  # link targets
+            refs = re.findall(r"\]\(([^)#:]+)\)", text)
+        else:  # documents named in a script's comments
+            comments = "\n".join(x for x in text.splitlines() if x.lstrip().startswith("#"))
+            refs = re.findall(r"[\w./-]+\.md\b", comments)
+        for ref in refs:
+            assert (source.parent / ref).exists() or (ROOT / ref).exists(), (source, ref)

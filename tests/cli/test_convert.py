@@ -78,6 +78,22 @@ def test_existing_output_needs_force(run_final, tmp_path):
     assert not (tmp_path / "out" / "mine.txt").exists()
 
 
+def test_force_over_a_file_leaves_nothing_behind(run_final, tmp_path):
+    (tmp_path / "out").write_text("a file, not a directory")
+    r = convert(run_final, "--to", "sglang", "-o", tmp_path / "out", "--force")
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no .out.old
+    assert (tmp_path / "out" / "config.json").is_file()
+
+
+def test_dash_is_not_a_directory_name(run_final, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = convert(run_final, "--to", "sglang", "-o", "-")
+    assert r.exit_code == 2 and "-o -: an export (a directory of files) cannot go to stdout" \
+        in r.output, r.output
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_input_is_one_line_and_writes_nothing(target, run_final, tmp_path):
     save_draft(tmp_path / "nameless", make_draft(target, name=""))
     (tmp_path / "weird").mkdir()
@@ -86,7 +102,7 @@ def test_bad_input_is_one_line_and_writes_nothing(target, run_final, tmp_path):
         ((tmp_path / "weird", "--to", "sglang"), 2, "unknown draft format"),
         ((tmp_path / "missing", "--to", "sglang"), 2, "no such draft"),
         ((run_final, "--to", "gguf"), 2, "'gguf'; choose one of sglang, speculators"),
-        ((run_final, "--to", "sglang", "--dtype", "int4"), 2, "unknown --dtype 'int4'"),
+        ((run_final, "--to", "sglang", "--dtype", "int4"), 2, "--dtype 'int4': choose bfloat16, float16, float32"),
         ((tmp_path / "nameless", "--to", "speculators"), 3, "pass --target-name ORG/MODEL"),
     ]
     for args, code, message in cases:

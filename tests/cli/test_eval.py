@@ -112,10 +112,12 @@ def test_teacher_forced_equals_what_train_logs_for_its_final_weights(tiny, tmp_p
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     final = [x for x in logged if x.get("eval")][-1]
     assert final["step"] == 2
+    # no --steps: the draft's trained --ttt-length (3), not a fixed 7
     r = invoke(["eval", "--target", a / "target", "--draft", tmp_path / "run" / "final",
-                "--data", a / "heldout.jsonl", "--steps", 3, "--json", *shape])
+                "--data", a / "heldout.jsonl", "--json", *shape])
     assert r.exit_code == 0, r.output
     result = json.loads(r.stdout)
+    assert result["steps"] == 3
     for key in ("acc", "cond_acc", "tau", "ce", "masked_tokens"):
         assert result[key] == final[key], key
 
@@ -226,6 +228,8 @@ def test_prompt_longer_than_the_context_is_refused(tiny, tmp_path):
     (["--mode", "sideways"], "--mode 'sideways'"),
     (["--prompts", "mt-bench"], "--data is scored teacher-forced"),
     (["--temperature", "-1"], "--temperature"),
+    (["--attention", "flash"], "'flash': choose auto, xla, cudnn"),
+    (["--plot", "-"], "--plot -: a PNG cannot go to stdout"),
 ])
 def test_option_mistakes(tiny, args, message):
     a, draft = tiny

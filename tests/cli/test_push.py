@@ -104,9 +104,18 @@ def test_bad_input(export, target, tmp_path):
         ((tmp_path / "final", "--repo-id", "my-org/x"), "convert it first"),
         ((export, "--repo-id", "not-a-repo"), "is not ORG/NAME"),
         ((export, "--repo-id", "my-org/x", "--eval", tmp_path / "bad.json"),
-         "bad.json:1: not an eval result"),
+         "bad.json: not an eval result"),
         ((tmp_path / "nowhere", "--repo-id", "my-org/x"), "no such directory"),
     ]
+    # the cases: any JSON, and a train run's metrics.jsonl, are not eval results
+    (tmp_path / "foo.json").write_text('{"foo": 1}')
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1, "epoch": 0, "loss": 9.1, "acc": [0.1], "tau": 1.1}\n'
+        '{"step": 2, "eval": true, "acc": [0.2], "cond_acc": [0.2], "tau": 1.2}\n')
+    cases += [((export, "--repo-id", "my-org/x", "--eval", tmp_path / "foo.json"),
+               "foo.json: not an eval result from `eagle3kit eval --json` (no mode, acc, tau)"),
+              ((export, "--repo-id", "my-org/x", "--eval", tmp_path / "metrics.jsonl"),
+               "metrics.jsonl:1: not an eval result from `eagle3kit eval --json` (no mode)")]
     for args, message in cases:
         r = push(*args, "--dry-run")
         assert r.exit_code == 2 and message in r.output, (args, r.output)

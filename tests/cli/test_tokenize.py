@@ -79,6 +79,20 @@ def test_file_stdin_and_jobs_give_the_same_bytes(chats, tmp_path):
     assert "24 of 24 conversations written" in r.stderr
 
 
+def test_plain_progress_lines_in_logs(chats, tmp_path, monkeypatch):
+    """stderr is not a terminal: no live bar, plain lines (here one per batch of work)."""
+    from eagle3kit.cli import tokenize as tokenize_cli
+
+    monkeypatch.setattr(tokenize_cli, "PROGRESS_SECONDS", 0.0)
+    r = tokenize("--tokenizer", chat_tokenizers.saved("smollm2"), "-i", chats, "-o",
+                 tmp_path / "t.jsonl")
+    assert r.exit_code == 0, r.output
+    counts = [int(x.split()[-1].replace(",", "")) for x in r.stderr.splitlines()
+              if x.startswith("tokenize: conversations ")]
+    assert counts and counts[-1] == 24 and counts == sorted(counts), r.stderr
+    assert "\x1b[" not in r.stderr
+
+
 def test_records_follow_the_template_and_mode(chats, tmp_path):
     chat = ChatRecord(**json.loads(chats.read_text().split("\n")[0]))
     tok = chat_tokenizers.qwen3()

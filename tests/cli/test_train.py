@@ -7,6 +7,14 @@ conversations rendered with SmolLM2's chat template (tests/assets.train_assets).
 from __future__ import annotations
 
 import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +49,27 @@ def losses(run: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in rows if not r.get("eval")]
 
 
+def tensorboard_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the TFRecord event files in `directory`, by tag, in step order."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(directory.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        i = 0
+        while i < len(data):  # u64 length, u32 crc, payload, u32 crc
+            n = int.from_bytes(data[i:i + 8], "little")
+            event = Event.FromString(data[i + 12:i + 12 + n])
+            i += 16 + n
+            for v in event.summary.value:
+                out.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
 def a():
     return assets.train_assets()
@@ -69,6 +98,25 @@ def test_train_resume_equals_uninterrupted(a, tmp_path):
     assert final.config.aux_layer_ids == (2, 4, 5)
     recorded = json.loads((whole / "config.json").read_text())
     assert set(recorded["fingerprints"]) == {"tokenizer", "data", "vocab", "target"}
+    expected = [(x["step"], x["loss"], x["lr"]) for x in rows(whole)]
+    assert expected[0][2] > 0  # step 1 learns: warmup does not start at lr 0
+
+    # killed after the checkpoint at step 2 had logged steps 3 and 4 (and a cut line):
+    # --resume logs each re-run step once, metrics.jsonl reads as one run
+    shutil.rmtree(first / "checkpoints" / "step_00000004")
+    shutil.rmtree(first / "final")
+    with open(first / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "epo')
+    r = invoke(base_args(a, first, "--max-steps", "4", "--resume"))
+    assert r.exit_code == 0 and "resuming" in r.output and "from step 2" in r.output, r.output
+    assert [(x["step"], x["loss"], x["lr"]) for x in rows(first)] == expected
+    # killed before its first checkpoint: --resume starts at step 1, the log from scratch
+    shutil.rmtree(first / "checkpoints")
+    shutil.rmtree(first / "final")
+    r = invoke(base_args(a, first, "--max-steps", "4", "--resume"))
+    assert r.exit_code == 0, r.output
+    assert "has no checkpoint yet" in r.output and "starting from step 1" in r.output
+    assert [(x["step"], x["loss"], x["lr"]) for x in rows(first)] == expected
 
 
 def test_same_batch_on_one_device_and_on_a_mesh(a, tmp_path):
@@ -88,9 +136,24 @@ def test_same_batch_on_one_device_and_on_a_mesh(a, tmp_path):
 def test_eval_data_and_metrics(a, tmp_path):
     out = tmp_path / "run"
     r = invoke(base_args(a, out, "--max-steps", "2", "--eval-data", str(a / "heldout.jsonl"),
-                         "--eval-every", "2"))
+                         "--eval-every", "2", "--track", "tensorboard"))
     assert r.exit_code == 0, r.output
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    # the counts add up: every record read is used or dropped, "cut" counts used ones only
+    m = re.search(r"(\d+) records read, (\d+) used \([\d,]+ tokens; (\d+) cut to --seq-len "
+                  r"128\)(?:, (\d+) dropped \(no assistant token in their first 128 "
+                  r"tokens\))?", r.output)
+    assert m, r.output
+    read, used, cut, dropped = (int(x or 0) for x in m.groups())
+    assert read == len((a / "train.jsonl").read_text().splitlines()) == used + dropped
+    assert cut <= used
+    # the TensorBoard events, read back: the same numbers as metrics.jsonl, by step
+    events = tensorboard_scalars(out / "tensorboard")
+    assert events["loss"] == [(x["step"], pytest.approx(x["loss"])) for x in rows
+                              if not x.get("eval")]
+    assert events["eval/tau"] == [(x["step"], pytest.approx(x["tau"])) for x in rows
+                                  if x.get("eval")]
+    assert len([k for k in events if k.startswith("acc/")]) == 3
     train_rows = [x for x in rows if not x.get("eval")]
     evals = [x for x in rows if x.get("eval")]
     assert [e["step"] for e in evals] == [0, 2]  # the starting point, then every 2 steps
@@ -134,7 +197,10 @@ def test_mismatched_vocab_is_refused_before_compute(a, tmp_path):
     args[args.index(str(a / "vocab.safetensors"))] = str(other)
     r = invoke(args)
     assert r.exit_code == 3, r.output
-    assert "tokenizer" in r.output and not (tmp_path / "run").exists()
+    # the vocab is blamed (not the data), and the fix is to re-select it
+    assert (f"{other}: the vocab was made with tokenizer 49152:0123456789abcdef, but the "
+            "tokenizer of --target") in r.output and "re-tokenize" not in r.output, r.output
+    assert "vocab-select" in r.output and not (tmp_path / "run").exists()
 
 
 def test_mesh_errors(a, tmp_path):
@@ -199,3 +265,120 @@ def test_smollm2_draft_learns_on_real_sharegpt(tmp_path):
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     before, after = [x["acc"][0] for x in rows if x.get("eval")]
     assert after > before + 0.05 and after > 0.08, (before, after)
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("--lr", "-1", "--lr -1: must be a positive number"),
+    ("--lr", "0", "--lr 0: must be a positive number"),
+    ("--decay", "-2", "--decay -2: must be a positive number"),
+    ("--clip-norm", "0", "--clip-norm 0: must be a positive number"),
+    ("--warmup-ratio", "1", "--warmup-ratio 1: must be in [0, 1)"),
+    ("--epochs", "0", "--epochs 0: must be at least 1"),
+    ("--dtype", "float16", "'float16': choose bfloat16, float32"),
+    ("--attention", "flash", "'flash': choose auto, xla, cudnn"),
+])
+def test_options_are_refused_before_anything_loads(a, tmp_path, option, value, message):
+    args = base_args(a, tmp_path / "run")
+    if option in args:
+        args[args.index(option) + 1] = value
+    else:
+        args += [option, value]
+    r = invoke(args)
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_or_missing_tracker_is_refused_at_once(a, tmp_path, monkeypatch):
+    r = invoke(base_args(a, tmp_path / "run", "--track", "mlflow"))
+    assert r.exit_code == 2 and "--track 'mlflow': choose tensorboard, wandb" in r.output
+    monkeypatch.setattr(sys, "path", [])  # no package can be found
+    monkeypatch.delitem(sys.modules, "tensorboardX", raising=False)
+    r = invoke(base_args(a, tmp_path / "run", "--track", "tensorboard"))
+    assert r.exit_code == 2 and "pip install 'eagle3kit[track]'" in r.output, r.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_out_that_is_a_file_is_refused_without_suggesting_force(a, tmp_path):
+    (tmp_path / "run").write_text("a file")
+    r = invoke(base_args(a, tmp_path / "run"))
+    assert r.exit_code == 2 and "is a file; --out is a run directory" in r.output, r.output
+    assert "--force" not in r.output
+
+
+def _train_process(a: Path, out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = base_args(a, out, "--max-steps", "12", "--save-every", "5", "--log-every", "1",
+                     *extra)
+    args[args.index("--epochs") + 1] = "2"  # 9 steps per epoch
+    args[args.index(MESH)] = "data=1,tensor=1"
+    return subprocess.Popen([sys.executable, "-m", "eagle3kit", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_handlers(p: subprocess.Popen) -> None:
+    """Until the process catches SIGTERM (Python alone catches only SIGINT): the command's
+    handlers are installed and JAX is starting."""
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None:
+        for line in open(f"/proc/{p.pid}/status"):
+            if line.startswith("SigCgt:") and int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1:
+                return
+        time.sleep(0.01)
+
+
+def _wait_for_rows(run: Path, n: int, p: subprocess.Popen) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        path = run / "metrics.jsonl"
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.005)
+
+
+def test_sigterm_at_a_random_step_then_resume_equals_uninterrupted(a, tmp_path):
+    """A real training process gets SIGTERM mid-run: checkpoint at the next step boundary,
+    exit 75; --resume then ends with the draft an uninterrupted run writes, byte for byte,
+    and one metrics row per step. Logs to a pipe are plain lines, one per --log-every."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    p = _train_process(a, whole)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    assert "step 7/12  epoch 0  loss" in err and "\x1b[" not in err  # plain progress lines
+    at = random.Random().randint(1, 9)
+    p = _train_process(a, cut)
+    _wait_for_rows(cut, at, p)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 75, err
+    assert "SIGTERM received: stopping at the next step boundary" in err
+    assert "stopped by SIGTERM at step" in err and "continue with --resume" in err, err
+    stopped = json.loads((cut / "checkpoints").glob("step_*/meta.json").__next__().read_text())
+    p = _train_process(a, cut, "--resume")
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    for name in ("draft.safetensors", "vocab.safetensors"):
+        assert (whole / "final" / name).read_bytes() == (cut / "final" / name).read_bytes(), \
+            f"{name}, signal after {at} rows"
+    strip = [{k: v for k, v in x.items() if k != "tokens_per_s"} for x in rows(whole)]
+    assert [{k: v for k, v in x.items() if k != "tokens_per_s"} for x in rows(cut)] == strip
+    assert stopped["step"] >= at
+
+
+def test_ctrl_c_during_start_up_exits_cleanly(a, tmp_path):
+    """Ctrl-C while JAX starts and compiles: no crash (it was exit 139), nothing half-made;
+    a second Ctrl-C quits at once."""
+    p = _train_process(a, tmp_path / "run")
+    _wait_for_handlers(p)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode in (75, 130) and "Traceback" not in err, (p.returncode, err)
+    if p.returncode == 75:
+        assert "stopped by SIGINT" in err
+    p = _train_process(a, tmp_path / "again")
+    _wait_for_handlers(p)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    # ended by SIGINT's default action (a shell reports 130), at once, without a traceback
+    assert p.returncode == -signal.SIGINT and "Traceback" not in err, (p.returncode, err)

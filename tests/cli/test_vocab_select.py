@@ -61,6 +61,15 @@ def test_top_masked_tokens_from_file_and_stdin(records, tmp_path):
     assert piped.read_bytes() == out.read_bytes()  # deterministic, whatever the input route
 
 
+def test_dash_streams_to_stdout(records, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert vocab_select("--size", 100, "-i", records, "-o", "v.safetensors").exit_code == 0
+    r = vocab_select("--size", 100, "-i", records, "-o", "-")
+    assert r.exit_code == 0, r.output
+    assert r.stdout_bytes == (tmp_path / "v.safetensors").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.safetensors"]  # no file named -
+
+
 def test_fills_and_says_so(records, tmp_path):
     distinct = int((_masked_counts(records) > 0).sum())
     r = vocab_select("--size", distinct + 10, "-i", records, "-o", tmp_path / "v.safetensors")

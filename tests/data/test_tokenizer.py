@@ -31,6 +31,19 @@ def test_missing_local_paths_are_named(tmp_path):
         load_tokenizer(str(tmp_path / "notes.txt"))
 
 
+def test_a_directory_without_a_tokenizer_says_so(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match=r"empty: no tokenizer in this directory \(expected "
+                       r"tokenizer.json or tokenizer_config.json\)"):
+        load_tokenizer(str(tmp_path / "empty"))
+
+
+def test_a_hub_id_offline_fails_at_once_in_one_line():
+    with pytest.raises(InputError, match="org/no-such-model: no such directory, and the "
+                       "tokenizer is not in the local Hub cache"):
+        load_tokenizer("org/no-such-model")
+
+
 def test_chat_template_files(tmp_path):
     (tmp_path / "t.jinja").write_text(TEMPLATE)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import numpy as np
 import pytest
@@ -49,9 +50,13 @@ def test_sources_that_are_not_drafts(exports, tmp_path):
         load_any_draft(exports / "sglang" / "config.json")
     with pytest.raises(InputError, match="no such draft"):
         load_any_draft(tmp_path / "missing")
-    # a Hub id is tried, and offline that fails with one line naming it
-    with pytest.raises(InputError, match="org/no-such-draft: cannot download the draft"):
+    # a Hub id is tried, and offline that fails at once with one line naming it and saying
+    # it is neither a directory nor reachable (`eval --draft typo/final`)
+    t0 = time.perf_counter()
+    with pytest.raises(InputError, match="org/no-such-draft: no such directory, and the draft "
+                       "is not in the local Hub cache; the Hub cannot be reached"):
         load_any_draft("org/no-such-draft")
+    assert time.perf_counter() - t0 < 5
 
 
 def test_existing_output_is_refused_and_kept(exports, target, tmp_path):
@@ -101,7 +106,7 @@ def test_sglang_needs_layer_ids_above_zero(target, tmp_path):
 
 def test_dtype_and_format_names(target, tmp_path):
     d = make_draft(target)
-    with pytest.raises(InputError, match="unknown --dtype 'int8'"):
+    with pytest.raises(InputError, match="--dtype 'int8': choose bfloat16, float16, float32"):
         export_draft(d, "sglang", tmp_path / "a", dtype="int8")
     with pytest.raises(InputError, match="unknown format 'gguf'"):
         export_draft(d, "gguf", tmp_path / "a")

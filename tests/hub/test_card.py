@@ -130,7 +130,8 @@ def test_eval_files(tmp_path):
     (tmp_path / "two.jsonl").write_text(json.dumps(TEACHER) + "\n\n" + json.dumps(GENERATE))
     assert [e.mode for e in card.load_evals(tmp_path / "two.jsonl")] == ["teacher-forced",
                                                                         "generate"]
-    (tmp_path / "bad.jsonl").write_text(json.dumps(TEACHER) + '\n{"acc": ["high"]}\n')
+    (tmp_path / "bad.jsonl").write_text(json.dumps(TEACHER) + '\n{"mode": "generate", '
+                                        '"acc": ["high"], "tau": 1}\n')
     with pytest.raises(InputError, match=r"bad.jsonl:2: not an eval result.*acc\[0\]"):
         card.load_evals(tmp_path / "bad.jsonl")
     with pytest.raises(InputError, match="no such file"):

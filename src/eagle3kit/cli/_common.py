@@ -6,15 +6,25 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
-from eagle3kit.errors import UserError
+from eagle3kit.errors import InputError, UserError
 
-# Records go to stdout; everything for humans goes to stderr, so pipes stay clean.
-console = Console(stderr=True, highlight=False)
+# Records go to stdout; everything for humans goes to stderr, so pipes stay clean. Markup and
+# emoji codes are off: messages carry user paths and file text (`[x].jsonl`, `FILE:-1:`), which
+# must print as given; colour comes only from `styled` (rich Text, never parsed). soft_wrap: a
+# log file or CI gets whole lines, not paths split at column 80.
+console = Console(stderr=True, highlight=False, markup=False, emoji=False, soft_wrap=True)
+
+
+def styled(label: str, style: str, rest: str = "") -> Text:
+    """`label` in `style`, then `rest` verbatim: `styled("error:", "red", " " + message)`."""
+    return Text.assemble((label, style), rest)
 
 
 def debug_enabled() -> bool:
@@ -34,23 +44,45 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 FileExistsError) as e:
             if debug_enabled():
                 raise
-            console.print(f"[red]error:[/red] {_describe(e)}", soft_wrap=True)
+            console.print(styled("error:", "red", f" {_describe(e)}"))
             raise typer.Exit(getattr(e, "exit_code", 2)) from None
         except BrokenPipeError:  # `... | head`: the reader left; not an error
             sys.stderr.close()
             raise typer.Exit(0) from None
         except KeyboardInterrupt:
-            console.print("[yellow]interrupted[/yellow]")
+            console.print(styled("interrupted", "yellow"))
             raise typer.Exit(130) from None
     return wrapper
 
 
 def _describe(e: BaseException) -> str:
     if isinstance(e, FileExistsError):
-        return f"{e.filename or e.args[0]}: already exists (pass --force to replace it)"
+        return f"{e.filename or e.args[0]}: already exists"
     if isinstance(e, OSError) and e.filename:
         return f"{e.filename}: {e.strerror or e}"
     return str(e)
+
+
+def require_files(**options: str | os.PathLike | None) -> None:
+    """Fail fast: each given input file exists (`-` is stdin), before any slow loading.
+
+    Keyword names are the option names: `require_files(data=path)` reports `--data`.
+    """
+    for name, path in options.items():
+        if path is None or str(path) == "-":
+            continue
+        p = Path(path)
+        if not p.exists():
+            raise InputError(f"no such file (--{name.replace('_', '-')})", path=path)
+        if p.is_dir():
+            raise InputError(f"is a directory, expected a file (--{name.replace('_', '-')})",
+                             path=path)
+
+
+def no_stdout(path: str | os.PathLike | None, option: str, what: str) -> None:
+    """Refuses `-` where the output cannot be streamed (a directory, a run, an image)."""
+    if path is not None and str(path) == "-":
+        raise UserError(f"{option} -: {what} cannot go to stdout; give a path")
 
 
 def example(text: str) -> str:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.cli._common import console, example, handle_errors, no_stdout, styled
+from eagle3kit.errors import UserError
 
 EXAMPLE = """
 eagle3kit convert runs/smollm2/final --to sglang -o export/sglang \\
@@ -25,7 +26,7 @@ class _ConsoleHandler(logging.Handler):
     """Library warnings (eagle3kit.formats) as yellow lines on stderr."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        console.print(f"[yellow]warning:[/yellow] {record.getMessage()}", soft_wrap=True)
+        console.print(styled("warning:", "yellow", f" {record.getMessage()}"))
 
 
 def route_warnings() -> None:
@@ -79,11 +80,12 @@ def convert(
     _check_choice(to, FORMATS, "--to")
     _check_choice(source_format, ("auto", *FORMATS), "--from")
     dtype = common.dtype_name(dtype)
+    no_stdout(out, "-o", "an export (a directory of files)")
     if out.exists() and not force:
-        raise FileExistsError(str(out))
+        raise UserError("already exists (pass --force to replace it)", path=out)
     draft = load_any_draft(source, target=target, target_name=target_name, fmt=source_format)
     cfg = draft.config
-    console.print(f"read {source}: draft for [bold]{draft.target_name or '?'}[/bold], "
+    console.print(f"read {source}: draft for {draft.target_name or '?'}, "
                   f"hidden {cfg.hidden_size}, draft vocab {cfg.draft_vocab_size:,}/"
                   f"{cfg.vocab_size:,}, layers {list(cfg.aux_layer_ids)}")
     path = export_draft(draft, to, out, dtype=dtype, force=force,

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.cli._common import console, example, handle_errors, no_stdout, require_files
+from eagle3kit.cli._params import Attention, Dtype, Mesh, Seed, Target, TargetDtype
+from eagle3kit.jobs.config import TTTSettings
 
 EXAMPLE = """
 eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
@@ -20,7 +22,7 @@ eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2
 
 @handle_errors
 def eval_cmd(
-    target: str = typer.Option(..., help="Target model: HF directory, .gguf file or Hub id."),
+    target: Target,
     draft: str = typer.Option(..., help="Draft: eagle3kit, SGLang or speculators format "
                               "(directory or Hub id)."),
     data: str | None = typer.Option(None, help="Token records (JSONL, - for stdin) scored "
@@ -30,7 +32,9 @@ def eval_cmd(
                                        "(- for stdin)."),
     mode: str | None = typer.Option(None, help="teacher-forced or generate (default: "
                                     "generate with --prompts, else teacher-forced)."),
-    steps: int = typer.Option(7, min=1, max=64, help="Draft tokens per step (K)."),
+    steps: int | None = typer.Option(None, min=1, max=64, help="Draft tokens per step (K) "
+                                     "(default: the draft's trained --ttt-length, else "
+                                     f"{TTTSettings().steps})."),
     max_new_tokens: int = typer.Option(256, min=1, help="Generation: tokens per answer."),
     temperature: float = typer.Option(0.0, min=0.0, help="Generation: 0 is greedy "
                                       "(lossless); above 0, speculative sampling."),
@@ -44,14 +48,11 @@ def eval_cmd(
                                      "(needs the `plot` extra)."),
     batch_size: int = typer.Option(8, min=1, help="Teacher-forced: packed rows per batch."),
     seq_len: int = typer.Option(2048, min=16, help="Teacher-forced: tokens per row."),
-    mesh: str | None = typer.Option(None, help="Device mesh: data=D,tensor=T for "
-                                    "teacher-forced, tensor=T for generate (default: all "
-                                    "devices on data / one device)."),
-    dtype: str = typer.Option("bfloat16", help="Draft compute dtype: bfloat16 or float32."),
-    target_dtype: str = typer.Option("bfloat16", help="Target weights: bfloat16 or float32."),
-    attention: str = typer.Option("auto", help="Target attention kernel of the teacher-forced "
-                                  "pass: auto, xla or cudnn."),
-    seed: int = typer.Option(0, help="Seed of sampling at temperature > 0."),
+    mesh: Mesh = None,
+    dtype: Dtype = "bfloat16",
+    target_dtype: TargetDtype = "bfloat16",
+    attention: Attention = "auto",
+    seed: Seed = 0,
 ) -> None:
     """Measure how many tokens a draft gets accepted by its target.
 
@@ -65,6 +66,8 @@ def eval_cmd(
     from eagle3kit.jobs.eval_report import plot_acceptance, print_report, require_matplotlib
     from eagle3kit.jobs.evaluate import EvalConfig, run
 
+    require_files(data=data)
+    no_stdout(plot, "--plot", "a PNG")
     if samples is not None and str(samples) == "-" and json_out:
         raise typer.BadParameter("stdout carries the --json result; write samples to a file",
                                  param_hint="--samples")

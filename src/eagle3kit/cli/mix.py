@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.cli._common import console, example, handle_errors, styled
 from eagle3kit.errors import InputError
 
 EXAMPLE = """
@@ -78,15 +78,15 @@ def mix(
 def _report(reports, written: int) -> None:
     for r in reports:
         for note in r.notes:
-            console.print(f"[yellow]warning:[/yellow] {note}", soft_wrap=True)
+            console.print(styled("warning:", "yellow", f" {note}"))
         parts = [f"{r.used:,} of {r.read:,} usable"]
         if r.quota is not None:
             parts.append(f"{r.quota:,} sampled" + (f" ({r.repeated:,} repeats)"
                                                    if r.repeated else ""))
         parts += [f"{k}: {v:,} dropped" for k, v in sorted(r.dropped.items())]
         parts += [f"{k}: {v:,} skipped" for k, v in sorted(r.invalid.items())]
-        console.print(f"[bold]{r.spec.name}[/bold] (weight {r.spec.weight:g}): "
-                      + ", ".join(parts), soft_wrap=True)
+        console.print(styled(r.spec.name, "bold", f" (weight {r.spec.weight:g}): "
+                             + ", ".join(parts)))
     console.print(f"wrote {written:,} conversations")
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.cli._common import console, example, handle_errors, styled
 from eagle3kit.cli.convert import route_warnings
 
 EXAMPLE = """
@@ -54,13 +54,13 @@ def push(
     if written:
         console.print(f"wrote model card {path}")
     else:
-        console.print(f"[yellow]keeping {path}[/yellow]: it was not written by eagle3kit")
+        console.print(styled(f"keeping {path}", "yellow", ": it was not written by eagle3kit"))
     plan = hub_push.plan_push(export_dir, repo_id, revision=revision, private=private,
                               commit_message=commit_message)
     visibility = "private" if plan.private else "public"
     head = "dry run: would upload" if dry_run else "uploading"
     console.print(f"{head} {len(plan.files)} files ({plan.total_bytes / 1e6:.1f} MB) to "
-                  f"{visibility} repo [bold]{plan.repo_id}[/bold] @ {plan.revision} in one "
+                  f"{visibility} repo {plan.repo_id} @ {plan.revision} in one "
                   f"commit: {plan.commit_message!r}")
     for name, size in plan.files:
         console.print(f"  {name:<24} {size:>14,} bytes")

@@ -6,7 +6,7 @@ import time
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.cli._common import console, example, handle_errors, require_files
 from eagle3kit.errors import InputError
 
 EXAMPLE = """
@@ -55,6 +55,7 @@ def tokenize(
     from eagle3kit.data.tokenizing import Job, TokenizeReport, default_jobs, tokenize_lines
     from eagle3kit.io.atomic import open_output
 
+    require_files(input=input, chat_template=chat_template)  # before the tokenizer's seconds
     template = load_chat_template(chat_template) if chat_template else None
     with console.status(f"loading tokenizer {tokenizer}"):
         tok = load_tokenizer(tokenizer)
@@ -62,7 +63,7 @@ def tokenize(
     fp = tokenizer_fingerprint(tok, tokenizer_name(tokenizer), renderer.template)
     jobs = jobs or default_jobs()
     console.print(f"tokenizer {fp.name} ({fp.vocab_size:,} tokens, fingerprint {fp.key}), "
-                  f"{jobs} job{'s' * (jobs > 1)}", soft_wrap=True)
+                  f"{jobs} job{'s' * (jobs > 1)}")
     job = Job(tok, fp.key, display_name(input), max_length, template, thinking)
     report = TokenizeReport()
     start = time.perf_counter()
@@ -80,39 +81,37 @@ def tokenize(
 
 
 class _progress:
-    """A live count on stderr when it is a terminal; nothing in pipes and logs."""
+    """A live count on a terminal; in logs a plain line every PROGRESS_SECONDS."""
 
     def __enter__(self):
-        self.bar = None
-        if console.is_terminal:
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from eagle3kit.jobs.progress import Progress
 
-            self.bar = Progress(SpinnerColumn(), TextColumn("tokenize {task.completed:,} "
-                                                            "conversations"),
-                                TimeElapsedColumn(), console=console, transient=True)
-            self.bar.__enter__()
-            self.task = self.bar.add_task("tokenize", total=None)
+        self.done = 0
+        self.bar = Progress(console, "tokenize: conversations", every=None,
+                            seconds=PROGRESS_SECONDS)
+        self.bar.__enter__()
         return self.advance
 
     def advance(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.advance(self.task, n)
+        self.done += n
+        self.bar.update(self.done, info="")
 
     def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
+        self.bar.__exit__(*exc)
+
+
+PROGRESS_SECONDS = 30.0
 
 
 def _report(r, seconds: float) -> None:
     rate = r.records / seconds if seconds > 0 else 0.0
     console.print(f"{r.written:,} of {r.records:,} conversations written "
                   f"({rate:,.0f}/s), {r.tokens:,} tokens, {r.masked:,} masked "
-                  f"({r.masked / max(r.tokens, 1):.1%}); {r.truncated:,} truncated",
-                  soft_wrap=True)
+                  f"({r.masked / max(r.tokens, 1):.1%}); {r.truncated:,} truncated")
     for reason, count in sorted(r.dropped.items()):
-        console.print(f"  dropped {count:,}: {reason}", soft_wrap=True)
+        console.print(f"  dropped {count:,}: {reason}")
     for reason, count in sorted(r.invalid.items()):
-        console.print(f"  skipped {count:,} invalid: {reason}", soft_wrap=True)
+        console.print(f"  skipped {count:,} invalid: {reason}")
 
 
 tokenize.__doc__ = (tokenize.__doc__ or "") + example(EXAMPLE)

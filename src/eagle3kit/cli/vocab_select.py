@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.cli._common import console, example, handle_errors, require_files, styled
+from eagle3kit.errors import UserError
 
 EXAMPLE = """
 eagle3kit tokenize --tokenizer HuggingFaceTB/SmolLM2-135M-Instruct -i mixed.jsonl \\
@@ -18,7 +21,7 @@ def vocab_select(
     input: str = typer.Option("-", "-i", "--input", help="Token records (JSONL, from "
                               "`tokenize`); '-' = stdin."),
     out: str = typer.Option(..., "-o", "--out", help="Vocab file (safetensors), written "
-                            "atomically."),
+                            "atomically; '-' = stdout (not a terminal)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="Optional: the target's "
                                          "tokenizer; refuse data made by another one, and "
                                          "record its name."),
@@ -36,6 +39,10 @@ def vocab_select(
     from eagle3kit.data.records import display_name
     from eagle3kit.io.draft_io import write_vocab
 
+    require_files(input=input)
+    if out == "-" and sys.stdout.isatty():
+        raise UserError("-o -: a vocab file is binary safetensors; redirect stdout to a file "
+                        "or pipe, or give a file name")
     fingerprint = None
     if tokenizer is not None:
         from eagle3kit.data.tokenizer import load_tokenizer, tokenizer_name
@@ -48,13 +55,13 @@ def vocab_select(
     chosen = select(counts, size)
     write_vocab(out, chosen.vocab, chosen.metadata(fingerprint))
     console.print(f"{counts.records:,} records, {chosen.masked:,} masked tokens, "
-                  f"{int((counts.counts > 0).sum()):,} distinct", soft_wrap=True)
+                  f"{int((counts.counts > 0).sum()):,} distinct")
     if chosen.filled:
-        console.print(f"[yellow]warning:[/yellow] only {size - chosen.filled:,} distinct "
+        console.print(styled("warning:", "yellow", f" only {size - chosen.filled:,} distinct "
                       f"tokens occur in the masked data; filled {chosen.filled:,} draft ids "
-                      "with the lowest unused token ids", soft_wrap=True)
+                      "with the lowest unused token ids"))
     console.print(f"draft vocab {chosen.vocab.draft_size:,} of {chosen.vocab.target_size:,}: "
-                  f"coverage {chosen.coverage:.2%} of masked tokens -> {out}", soft_wrap=True)
+                  f"coverage {chosen.coverage:.2%} of masked tokens -> {'stdout' if out == '-' else out}")
 
 
 vocab_select.__doc__ = (vocab_select.__doc__ or "") + example(EXAMPLE)

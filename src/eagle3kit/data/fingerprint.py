@@ -54,14 +54,17 @@ def tokenizer_fingerprint(tokenizer: Any, name: str, chat_template: str | None =
                        template=hashlib.sha256(template.encode()).hexdigest()[:16])
 
 
+RETOKENIZE = "re-tokenize the data (and re-run vocab-select) with the target's tokenizer"
+
+
 def require_same(expected: str, actual: str, what: str, where: object,
-                 expected_from: str = "the target tokenizer") -> None:
-    """Raises a MismatchError unless two fingerprint keys agree."""
+                 expected_from: str = "the target tokenizer", fix: str = RETOKENIZE) -> None:
+    """Raises a MismatchError unless two fingerprint keys agree; `fix` says what to redo
+    (the artifact named by `what` is the one blamed)."""
     if expected != actual:
         raise MismatchError(
             f"{what} was made with tokenizer {actual}, but {expected_from} is {expected}; "
-            "re-tokenize the data (and re-run vocab-select) with the target's tokenizer",
-            path=where)
+            f"{fix}", path=where)
 
 
 def parse_key(key: str, where: object = None) -> tuple[int, str]:

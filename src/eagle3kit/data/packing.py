@@ -27,22 +27,24 @@ class TokenDocs:
 
     ids: list[np.ndarray]
     masks: list[np.ndarray]
-    truncated: int = 0
+    truncated: int = 0  # kept documents cut to seq_len
+    dropped: int = 0  # records with no assistant token in their first seq_len tokens
 
     @classmethod
     def from_records(cls, records, seq_len: int) -> TokenDocs:
-        ids, masks, truncated = [], [], 0
+        """Documents cut to `seq_len`; records left with nothing to learn are counted apart,
+        so read = len(docs) + dropped, and truncated <= len(docs)."""
+        ids, masks, truncated, dropped = [], [], 0, 0
         for r in records:
-            n = len(r.input_ids)
-            if n > seq_len:
-                truncated += 1
-                n = seq_len
+            n = min(len(r.input_ids), seq_len)
             mask = np.asarray(r.loss_mask[:n], np.int8)
             if n < 2 or not mask.any():
+                dropped += 1
                 continue
+            truncated += len(r.input_ids) > seq_len
             ids.append(np.asarray(r.input_ids[:n], np.int32))
             masks.append(mask)
-        return cls(ids, masks, truncated)
+        return cls(ids, masks, truncated, dropped)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -53,7 +55,8 @@ class TokenDocs:
 
     def shard(self, index: int, count: int) -> TokenDocs:
         """Documents index, index+count, ...: one process's share on a multi-host run."""
-        return TokenDocs(self.ids[index::count], self.masks[index::count], self.truncated)
+        return TokenDocs(self.ids[index::count], self.masks[index::count], self.truncated,
+                         self.dropped)
 
 
 def pack_rows(lengths: Sequence[int], seq_len: int, seed: int) -> list[list[int]]:

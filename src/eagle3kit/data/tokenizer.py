@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit.errors import InputError, first_line
+from eagle3kit.io.hub import is_hub_id, snapshot
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def _looks_local(spec: str) -> bool:
@@ -34,7 +37,15 @@ def load_tokenizer(spec: str) -> Any:
             if path.exists() and not path.is_dir():
                 raise InputError("not a tokenizer (expected a directory, .gguf file or Hub id)",
                                  path=spec)
-            return AutoTokenizer.from_pretrained(str(path) if path.is_dir() else spec)
+            if path.is_dir() and not any((path / f).is_file() for f in _TOKENIZER_FILES):
+                raise InputError("no tokenizer in this directory (expected "
+                                 f"{' or '.join(_TOKENIZER_FILES[:2])})", path=spec)
+            if not path.exists() and is_hub_id(spec):  # one line, in seconds, when offline
+                path = snapshot(spec, ["*.json", "tokenizer*", "*.model", "*.txt", "*.jinja"],
+                                "the tokenizer")
+            elif not path.exists():
+                raise InputError("no such directory or .gguf file, and not a Hub id", path=spec)
+            return AutoTokenizer.from_pretrained(str(path))
     except InputError:
         raise
     except Exception as e:  # transformers raises OSError/ValueError/... with long texts

@@ -19,11 +19,13 @@ import json
 import os
 from pathlib import Path
 
-from eagle3kit.errors import InputError, MismatchError, first_line
+from eagle3kit.errors import InputError, MismatchError
 from eagle3kit.formats import common, sglang, speculators, torch_bin
 from eagle3kit.io import safetensors as st
 from eagle3kit.io.atomic import atomic_dir
 from eagle3kit.io.draft_io import Draft, is_draft_dir, load_draft, save_draft
+from eagle3kit.io.hf import target_hf_config
+from eagle3kit.io.hub import is_hub_id, snapshot
 
 FORMATS = ("eagle3kit", "sglang", "speculators")
 _ENGINES = {"sglang": sglang, "speculators": speculators}
@@ -41,17 +43,9 @@ def _read_json(path: Path) -> dict:
     return d
 
 
-def _safetensors_files(directory: Path) -> list[Path]:
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = _read_json(index).get("weight_map") or {}
-        return [directory / f for f in sorted(set(weight_map.values()))]
-    return sorted(directory.glob("*.safetensors"))
-
-
 def read_tensors(directory: Path) -> dict:
     """Every tensor of a checkpoint directory (safetensors, sharded or not, or a .bin)."""
-    files = _safetensors_files(directory)
+    files = st.checkpoint_files(directory)
     if files:
         tensors: dict = {}
         for f in files:
@@ -96,7 +90,7 @@ def detect_format(directory: str | os.PathLike) -> str:
 
 def _tensor_names(directory: Path) -> list[str]:
     names: list[str] = []
-    for f in _safetensors_files(directory):
+    for f in st.checkpoint_files(directory):
         names += st.SafetensorsFile(f).names
     return names
 
@@ -108,15 +102,8 @@ def _resolve_source(source: str) -> Path:
     if path.exists():
         raise InputError("a draft is a directory (config.json and weights), not a file",
                          path=path)
-    if common.is_hub_id(source):
-        from huggingface_hub import snapshot_download
-
-        try:
-            return Path(snapshot_download(source, allow_patterns=[
-                "*.json", "*.safetensors", "pytorch_model*.bin"]))
-        except Exception as e:  # network, auth, missing repo: one clear line
-            raise InputError(f"cannot download the draft from the Hub ({type(e).__name__}: "
-                             f"{first_line(e)})", path=source) from None
+    if is_hub_id(source):
+        return snapshot(source, ["*.json", "*.safetensors", "pytorch_model*.bin"], "the draft")
     raise InputError("no such draft: not a directory or Hub id", path=source)
 
 
@@ -126,11 +113,11 @@ def _target(kind: str, config: dict, sidecar: dict | None, target: str | None,
     recorded = (sidecar or {}).get("target") or {}
     verifier = speculators.verifier_name(config) if kind == "speculators" else ""
     if target:
-        name, hf = common.target_config(target)
+        name, hf = target_hf_config(target)
     elif recorded.get("config"):
         name, hf = recorded.get("name", ""), recorded["config"]
     elif verifier:
-        name, hf = common.target_config(verifier)
+        name, hf = target_hf_config(verifier)
     else:
         raise MismatchError(f"cannot determine the draft's target: {kind} checkpoints do not "
                             "record it; pass --target MODEL (a directory, .gguf file or Hub "
@@ -148,7 +135,7 @@ def load_any_draft(source: str | os.PathLike, *, target: str | None = None,
     if kind == "eagle3kit":
         draft = load_draft(directory)
         if target:
-            name, hf = common.target_config(target)
+            name, hf = target_hf_config(target)
             draft = dataclasses.replace(draft, target_config=hf,
                                         target_name=draft.target_name or name)
     else:
@@ -183,7 +170,7 @@ def export_draft(draft: Draft, fmt: str, out_dir: str | os.PathLike, dtype: str 
         draft = dataclasses.replace(draft, target_name=target_name)
     if fmt == "eagle3kit":
         return save_draft(out, draft, force=force)
-    if draft.target_name and not common.is_hub_id(draft.target_name):
+    if draft.target_name and not is_hub_id(draft.target_name):
         common.log.warning(
             "the target is recorded as %r, not a Hub id: the model card gets no base_model "
             "and `vllm serve DIR` looks for the verifier there; pass --target-name ORG/MODEL",

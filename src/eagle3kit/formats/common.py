@@ -16,19 +16,18 @@ import json
 import logging
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from eagle3kit import __version__
 from eagle3kit.core.config import DraftConfig, RopeConfig, TargetConfig
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.vocab import VocabMap
-from eagle3kit.errors import InputError, MismatchError, first_line
+from eagle3kit.errors import InputError, MismatchError
 from eagle3kit.io.draft_io import Draft
+from eagle3kit.io.dtypes import DTYPES, dtype_name
 
 log = logging.getLogger("eagle3kit.formats")
 
@@ -37,27 +36,6 @@ log = logging.getLogger("eagle3kit.formats")
 SIDECAR = "eagle3kit.json"
 SIDECAR_FORMAT = "eagle3kit-export"
 WEIGHTS = "model.safetensors"
-
-DTYPES: dict[str, np.dtype] = {
-    "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
-    "float32": np.dtype(np.float32),
-}
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
-                  "float": "float32"}
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def dtype_name(name: str) -> str:
-    """Canonical dtype name (`bf16` -> `bfloat16`); an unknown name is a `UserError`."""
-    canon = _DTYPE_ALIASES.get(name, name)
-    if canon not in DTYPES:
-        raise InputError(f"unknown --dtype {name!r}; choose bfloat16, float16 or float32")
-    return canon
-
-
-def is_hub_id(spec: str) -> bool:
-    return bool(_HUB_ID.match(spec)) and not Path(spec).exists()
-
 
 # ---- the key table ------------------------------------------------------------------------
 
@@ -255,35 +233,6 @@ def read_llama_fields(d: dict[str, Any], where: object, *, vocab_size: int | Non
 
 
 # ---- the target ---------------------------------------------------------------------------
-
-
-def target_config(spec: str) -> tuple[str, dict[str, Any]]:
-    """(name, HF config) of a target given as a directory, a `.gguf` file or a Hub id.
-
-    Only `config.json` is fetched from the Hub, never the weights.
-    """
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        try:
-            return spec, json.loads((path / "config.json").read_text())
-        except FileNotFoundError:
-            raise InputError("no config.json in the target directory", path=path) from None
-        except json.JSONDecodeError as e:
-            raise InputError(f"invalid JSON ({e})", path=path / "config.json") from None
-    if path.is_file() and path.suffix == ".gguf":
-        from eagle3kit.io.gguf import GGUFCheckpoint
-
-        return spec, GGUFCheckpoint(path).config
-    if is_hub_id(spec):
-        from huggingface_hub import hf_hub_download
-
-        try:
-            return spec, json.loads(Path(hf_hub_download(spec, "config.json")).read_text())
-        except Exception as e:  # offline, gated, missing: one line, and what to do instead
-            raise InputError(f"cannot fetch the target's config.json from the Hub "
-                             f"({type(e).__name__}: {first_line(e)}); pass --target with a local "
-                             "directory or .gguf file", path=spec) from None
-    raise InputError("no such target: not a directory, .gguf file or Hub id", path=spec)
 
 
 def default_aux_ids(target: dict[str, Any], where: object) -> tuple[int, ...]:

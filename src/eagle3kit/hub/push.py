@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from pathlib import Path
 
 from eagle3kit.errors import InputError, UserError
 from eagle3kit.formats import common
 from eagle3kit.hub import card
 from eagle3kit.io.atomic import atomic_path
+from eagle3kit.io.hub import HUB_ID
 
 README = "README.md"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 # the files an export must have; anything else in the directory is uploaded as well
 REQUIRED = ("config.json", common.WEIGHTS, common.SIDECAR)
 
@@ -48,7 +47,7 @@ class PushPlan:
 
 
 def check_repo_id(repo_id: str) -> str:
-    if not _REPO_ID.match(repo_id):
+    if not HUB_ID.match(repo_id):
         raise InputError(f"--repo-id {repo_id!r} is not ORG/NAME")
     return repo_id
 

@@ -26,7 +26,7 @@ _FOLDED = {"epochs", "lr", "batch_size", "seq_len", "grad_accum", "ttt_length", 
            "clip_norm", "min_lr_ratio", "decay", "target_dtype", "eval_data", "init_from"}
 _OPERATIONAL = {"out", "vocab", "target", "resume", "save_every", "keep_checkpoints",
                 "log_every", "eval_every", "attention", "max_steps", "aux_layer_ids",
-                "coordinator", "num_processes", "process_id", "time_limit"}
+                "coordinator", "num_processes", "process_id", "time_limit", "track"}
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:

@@ -25,12 +25,11 @@ from jax.sharding import Mesh
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import ArrayInfo, is_info, shardings
 from eagle3kit.core.target import TargetWeights
-from eagle3kit.errors import InputError, first_line
+from eagle3kit.errors import InputError
 from eagle3kit.io.gguf import GGUFCheckpoint
+from eagle3kit.io.hub import is_hub_id, snapshot
 from eagle3kit.io.mxfp4 import Mxfp4Source
-from eagle3kit.io.safetensors import SafetensorsFile
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+from eagle3kit.io.safetensors import SafetensorsFile, checkpoint_files
 
 
 class SafetensorsCheckpoint:
@@ -38,29 +37,16 @@ class SafetensorsCheckpoint:
 
     def __init__(self, directory: Path):
         self.path = directory
-        config_path = directory / "config.json"
-        try:
-            self.config = json.loads(config_path.read_text())
-        except FileNotFoundError:
-            raise InputError("no config.json in the checkpoint directory",
-                             path=directory) from None
-        except json.JSONDecodeError as e:
-            raise InputError(f"invalid JSON ({e})", path=config_path) from None
-        index = directory / "model.safetensors.index.json"
-        if index.exists():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = {f: SafetensorsFile(directory / f) for f in sorted(set(weight_map.values()))}
-            self._where = {name: files[f] for name, f in weight_map.items()}
-        else:
-            single = sorted(directory.glob("*.safetensors"))
-            if not single:
-                found = ", ".join(sorted(p.name for p in directory.iterdir())[:8])
-                raise InputError("no *.safetensors weights (only safetensors and GGUF are "
-                                 f"supported; found: {found})", path=directory)
-            self._where = {}
-            for p in single:
-                f = SafetensorsFile(p)
-                self._where.update({n: f for n in f.names})
+        self.config = read_config(directory)
+        files = checkpoint_files(directory)  # sharded (index) or not
+        if not files:
+            found = ", ".join(sorted(p.name for p in directory.iterdir())[:8])
+            raise InputError("no *.safetensors weights (only safetensors and GGUF are "
+                             f"supported; found: {found})", path=directory)
+        self._where = {}
+        for p in files:
+            f = SafetensorsFile(p)
+            self._where.update({n: f for n in f.names})
 
     @property
     def names(self) -> list[str]:
@@ -87,39 +73,62 @@ class TargetCheckpoint:
         return self.source.config
 
 
+def read_config(directory: Path) -> dict[str, Any]:
+    """A checkpoint directory's config.json."""
+    path = directory / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError("no config.json in the checkpoint directory", path=directory) from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"invalid JSON ({e})", path=path) from None
+
+
+def _locate(spec: str) -> str:
+    """What a target spec names: "dir", "gguf" or "hub"; anything else is an InputError."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return "dir"
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf"
+    if path.is_file():
+        raise InputError("unsupported checkpoint file (expected a .gguf file or a directory "
+                         "with config.json and safetensors)", path=path)
+    if is_hub_id(spec):
+        return "hub"
+    raise InputError("no such checkpoint: not a directory, .gguf file or Hub id", path=spec)
+
+
 def resolve_target(spec: str | os.PathLike) -> TargetCheckpoint:
     """Opens a target from a local directory, a `.gguf` file or a Hub id."""
     spec = str(spec)
     path = Path(spec).expanduser()
-    if path.is_dir():
+    kind = _locate(spec)
+    if kind == "dir":
         source = SafetensorsCheckpoint(path)
-        name = spec
-    elif path.is_file() and path.suffix == ".gguf":
+    elif kind == "gguf":
         source = GGUFCheckpoint(path)
-        name = spec
-    elif path.is_file():
-        raise InputError("unsupported checkpoint file (expected a .gguf file or a directory "
-                         "with config.json and safetensors)", path=path)
-    elif _HUB_ID.match(spec) and not spec.startswith((".", "/")):
-        source = SafetensorsCheckpoint(_download(spec))
-        name = spec
     else:
-        raise InputError("no such checkpoint: not a directory, .gguf file or Hub id",
-                         path=spec)
-    cfg = TargetConfig.from_hf_config(source.config, name=name,
+        source = SafetensorsCheckpoint(snapshot(
+            spec, ["*.json", "*.safetensors", "tokenizer*", "*.jinja"], "the target"))
+    cfg = TargetConfig.from_hf_config(source.config, name=spec,
                                       source=getattr(source, "path", spec))
-    return TargetCheckpoint(cfg, source, path, name)
+    return TargetCheckpoint(cfg, source, path, spec)
 
 
-def _download(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-
+def target_hf_config(spec: str) -> tuple[str, dict[str, Any]]:
+    """(name, HF config) of a target, without opening its weights: from the Hub only
+    config.json is fetched (what `convert` needs to write engine configs)."""
+    kind = _locate(spec)
+    if kind == "gguf":
+        return spec, GGUFCheckpoint(Path(spec).expanduser()).config
+    if kind == "dir":
+        return spec, read_config(Path(spec).expanduser())
     try:
-        return Path(snapshot_download(
-            repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.jinja"]))
-    except Exception as e:  # network, auth, missing repo: one clear line
-        raise InputError(f"cannot download from the Hub ({type(e).__name__}: "
-                         f"{first_line(e)})", path=repo_id) from None
+        directory = snapshot(spec, ["config.json"], "the target's config.json")
+    except InputError as e:
+        raise InputError(f"{e}; pass --target with a local directory or .gguf file") from None
+    return spec, read_config(directory)
 
 
 # ---- the key table ----------------------------------------------------------------------------

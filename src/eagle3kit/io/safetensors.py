@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from eagle3kit.errors import InputError
-from eagle3kit.io.atomic import atomic_path
+from eagle3kit.io.atomic import open_output
 
 _DTYPES = {
     "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
@@ -82,7 +82,7 @@ def load(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]
 
 def save(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
          metadata: Mapping[str, str] | None = None) -> None:
-    """Writes `tensors` atomically, in the order given, with string `metadata`."""
+    """Writes `tensors` atomically (`-` = stdout), in the order given, with string `metadata`."""
     header: dict[str, object] = {}
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -99,10 +99,24 @@ def save(path: str | os.PathLike, tensors: Mapping[str, np.ndarray],
         offset += a.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    with open_output(path, "wb") as f:  # `-`: streamed to stdout (a pipe or a file)
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for a in arrays:
             f.write(a.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
+
+
+def checkpoint_files(directory: str | os.PathLike) -> list[Path]:
+    """The safetensors files of a checkpoint directory: those its
+    model.safetensors.index.json names (sharded), else every *.safetensors in it."""
+    directory = Path(directory)
+    index = directory / "model.safetensors.index.json"
+    if not index.is_file():
+        return sorted(directory.glob("*.safetensors"))
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise InputError(f"invalid safetensors index ({e})", path=index) from None
+    if not isinstance(weight_map, dict):
+        raise InputError("safetensors index without a weight_map", path=index)
+    return [directory / f for f in sorted(set(weight_map.values()))]

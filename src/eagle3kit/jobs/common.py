@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from eagle3kit.core import ttt
@@ -19,11 +18,12 @@ from eagle3kit.core.vocab import VocabMap
 from eagle3kit.data.fingerprint import Fingerprint, require_same, tokenizer_fingerprint
 from eagle3kit.data.packing import TokenDocs, pack_epoch
 from eagle3kit.errors import InputError, MismatchError, UserError
+from eagle3kit.io import dtypes
 from eagle3kit.io.checkpoints import file_sha256
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import TargetCheckpoint
 
-DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+DTYPES = {name: dtypes.DTYPES[name] for name in dtypes.COMPUTE}  # what train and eval take
 
 
 def init_distributed(coordinator: str | None, num_processes: int | None,
@@ -116,7 +116,9 @@ def read_docs(path: str | os.PathLike, tokenizer_key: str, seq_len: int,
         for i, r in enumerate(read_token_records(path)):
             if r.tokenizer != tokenizer_key:
                 require_same(tokenizer_key, r.tokenizer, f"record {r.id!r}", path,
-                             "the vocab file")
+                             "the vocab file's", "the data and --vocab must come from one "
+                             "tokenizer: tokenize the data with the vocab's tokenizer, or "
+                             "select the vocab from this data")
             if i % count == index:
                 yield r
 
@@ -178,5 +180,6 @@ def load_draft_for_target(spec: str, target_spec: str, ckpt: TargetCheckpoint,
     recorded_tok = draft.fingerprints.get("tokenizer")
     if recorded_tok and tokenizer_key:
         require_same(tokenizer_key, Fingerprint.from_json(recorded_tok).key,
-                     "the draft", spec)
+                     "the draft", spec, f"the tokenizer of {target_spec}",
+                     "a draft serves only the target (tokenizer) it was trained for")
     return draft

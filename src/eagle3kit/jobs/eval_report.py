@@ -5,34 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
-from rich.progress import Progress as RichProgress
 from rich.table import Table
-
-
-class Progress:
-    """A live bar on a terminal; otherwise one line every `every` items (and at the end)."""
-
-    def __init__(self, console, label: str, total: int | None = None, every: int = 10):
-        self.console, self.label, self.every = console, label, every
-        self.live = console.is_terminal
-        self._bar = RichProgress(TextColumn(f"[bold]{label}[/bold] {{task.completed}}/"
-                                            "{task.total}"), BarColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                                 console=console, disable=not self.live, transient=False)
-        self._task = self._bar.add_task(label, total=total, info="compiling")
-
-    def __enter__(self):
-        self._bar.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._bar.__exit__(*exc)
-
-    def update(self, done: int, total: int, info: str = "") -> None:
-        self._bar.update(self._task, completed=done, total=total, info=info)
-        if not self.live and (done % self.every == 0 or done == total):
-            self.console.print(f"{self.label} {done}/{total}  {info}")
 
 
 def _pct(x: float | None) -> str:
@@ -62,8 +35,8 @@ def print_report(console, r: dict[str, Any]) -> None:
         lines.append(f"tau (generation, tokens per target forward): {r['tau_generate']:.3f} "
                      f"over {r['verify_steps']:,} verify steps, {r['prompts']} prompts")
         lines.append(f"speculative {r['tokens_per_s_speculative']:,.1f} tok/s vs plain "
-                     f"{r['tokens_per_s_baseline']:,.1f} tok/s: [bold]{r['speedup']:.2f}x"
-                     f"[/bold] on {r['device']} (temperature {r['temperature']:g}, "
+                     f"{r['tokens_per_s_baseline']:,.1f} tok/s: {r['speedup']:.2f}x"
+                     f" on {r['device']} (temperature {r['temperature']:g}, "
                      f"{r['steps']} draft tokens per step)")
     for line in lines:
         console.print(line)

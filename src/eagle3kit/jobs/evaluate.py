@@ -38,7 +38,8 @@ from eagle3kit.errors import InputError, UserError
 from eagle3kit.io.atomic import open_output
 from eagle3kit.io.hf import TargetCheckpoint, load_target, resolve_target
 from eagle3kit.jobs import common
-from eagle3kit.jobs.eval_report import Progress
+from eagle3kit.jobs.config import ATTENTION, TTTSettings
+from eagle3kit.jobs.progress import Progress
 
 MODES = ("teacher-forced", "generate")
 
@@ -50,7 +51,7 @@ class EvalConfig:
     data: str | None = None  # token records (teacher-forced)
     prompts: str | None = None  # prompt set name or JSONL file (generate)
     mode: str | None = None  # default: generate with --prompts, else teacher-forced
-    steps: int = 7
+    steps: int | None = None  # K; default: the draft's trained --ttt-length (trained_steps)
     max_new_tokens: int = 256
     temperature: float = 0.0
     limit: int | None = None  # first N conversations of the prompt set
@@ -89,8 +90,18 @@ def check_config(cfg: EvalConfig) -> None:
     for name, value in (("--dtype", cfg.dtype), ("--target-dtype", cfg.target_dtype)):
         if value not in common.DTYPES:
             raise UserError(f"{name} {value!r}: choose {' or '.join(common.DTYPES)}")
+    if cfg.attention not in ATTENTION:
+        raise UserError(f"--attention {cfg.attention!r}: choose {', '.join(ATTENTION)}")
+    if cfg.steps is not None and not 1 <= cfg.steps <= 64:
+        raise UserError(f"--steps {cfg.steps}: must be in 1..64")
     if cfg.temperature < 0:
         raise UserError(f"--temperature {cfg.temperature}: must be >= 0 (0 is greedy)")
+
+
+def trained_steps(draft) -> int:
+    """The TTT length K the draft was trained with (recorded by `train` as ttt_length);
+    drafts from elsewhere record none: the default K."""
+    return int((draft.training or {}).get("ttt_length") or TTTSettings().steps)
 
 
 def run(cfg: EvalConfig, console) -> dict[str, Any]:
@@ -106,6 +117,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
             raise UserError(f"cannot tell which tokenizer made the data: {cfg.target} has no "
                             "tokenizer files and the draft records none")
         key = Fingerprint.from_json(draft.fingerprints["tokenizer"]).key
+    cfg = dataclasses.replace(cfg, steps=cfg.steps or trained_steps(draft))
     vocab = common.fit_vocab_to_target(draft.vocab, tcfg.vocab_size, cfg.draft)
     # read the inputs before the weights: a bad file fails in a second, not after loading 8B
     prompts = load_prompts(cfg.prompts, cfg.limit) if generate else None
@@ -119,12 +131,12 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     t0 = time.perf_counter()
     target_w = load_target(ckpt, mesh, target_dtype)
     trainer = Trainer(tcfg, draft.config, ttt.TTTConfig(
-        cfg.steps, 0.8, dtype, resolve_attention(cfg.attention, target_dtype)),
+        cfg.steps, TTTSettings().decay, dtype, resolve_attention(cfg.attention, target_dtype)),
         OptimConfig(), mesh)
     params = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), draft.weights),
                             trainer.param_shardings)
     vocab_dev = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
-    console.print(f"[bold]eval[/bold] draft {cfg.draft} on {tcfg.name} "
+    console.print(f"eval: draft {cfg.draft} on {tcfg.name} "
                   f"({jax.device_count()} x {_device()}; weights loaded in "
                   f"{time.perf_counter() - t0:.1f}s)")
     base = {"draft": cfg.draft, "target": tcfg.name, "steps": cfg.steps, "device": _device()}
@@ -202,7 +214,7 @@ def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg:
     if cfg.temperature == 0 and identical < len(samples):
         # exact in fp32; in 16-bit a verify over K+1 tokens may round differently from a
         # one-token step, and a near-tie then flips
-        console.print(f"[yellow]warning:[/yellow] {len(samples) - identical} of {len(samples)} "
+        console.print(f"warning: {len(samples) - identical} of {len(samples)} "
                       "greedy answers differ from plain decoding (numerics of "
                       f"--target-dtype {cfg.target_dtype}; use float32 to check losslessness)")
     return {**summary, "speedup": round(spec_tps / plain_tps, 4),

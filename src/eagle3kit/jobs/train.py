@@ -20,14 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import msgspec
 import numpy as np
 
 from eagle3kit.core import ttt
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.metrics import summarize
-from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import make_mesh, shardings, to_host
 from eagle3kit.core.target import TargetWeights
 from eagle3kit.core.trainer import Trainer, put_batch
@@ -45,55 +43,15 @@ from eagle3kit.io.atomic import atomic_path
 from eagle3kit.io.draft_io import Draft, save_draft
 from eagle3kit.io.hf import load_target, resolve_target
 from eagle3kit.jobs import common
+from eagle3kit.jobs.config import TrainConfig
+from eagle3kit.jobs.preempt import Preempted, Preemption
 from eagle3kit.jobs.progress import TrainProgress
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    target: str
-    data: str
-    vocab: str
-    out: str
-    eval_data: str | None = None
-    ttt_length: int = 7
-    decay: float = 0.8
-    epochs: int = 1
-    max_steps: int | None = None
-    lr: float = 3e-4
-    warmup_ratio: float = 0.03
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
-    clip_norm: float = 0.5
-    b1: float = 0.9
-    b2: float = 0.95
-    batch_size: int = 4  # packed rows per micro-batch, global
-    seq_len: int = 2048
-    grad_accum: int = 1
-    mesh: str | None = None
-    dtype: str = "bfloat16"  # draft compute dtype (master weights stay float32)
-    target_dtype: str = "bfloat16"
-    attention: str = "auto"  # target attention kernel: auto | xla | cudnn
-    seed: int = 0
-    save_every: int = 500
-    keep_checkpoints: int = 2
-    eval_every: int = 500
-    log_every: int = 10
-    aux_layer_ids: tuple[int, ...] | None = None
-    init_from: str | None = None
-    resume: bool = False
-    time_limit: float | None = None  # seconds; then checkpoint and exit 75 (resumable)
-    profile_steps: tuple[int, int] | None = None  # trace steps [A, B) into OUT/profile
-
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["aux_layer_ids"] = list(self.aux_layer_ids) if self.aux_layer_ids else None
-        return d
-
+from eagle3kit.jobs.tracking import MetricsLog
 
 # fields a resumed run may change (how long, how often); everything else must match
 _RESUMABLE = {"epochs", "max_steps", "save_every", "keep_checkpoints", "eval_every",
               "log_every", "resume", "eval_data", "mesh", "out", "attention", "time_limit",
-              "profile_steps"}
+              "profile_steps", "track"}
 
 
 def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
@@ -137,66 +95,62 @@ def _devices() -> dict[str, Any]:
             "processes": jax.process_count()}
 
 
-def run(cfg: TrainConfig, console) -> Path:
-    """Trains a draft as configured; returns OUT/final."""
+@dataclasses.dataclass
+class _Setup:
+    """Everything checked and loaded before the first step."""
+
+    docs: Any
+    eval_docs: Any
+    tcfg: Any
+    ckpt: Any
+    dcfg: DraftConfig
+    vocab: Any
+    fingerprints: dict[str, Any]
+    mesh: Any
+    init: Draft | None
+
+
+def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
+    """Trains a draft as configured; returns OUT/final.
+
+    `stop` (SIGTERM/SIGINT as a flag) is read between start-up phases and at every step
+    boundary: a checkpoint, then `Preempted` (exit 75).
+    """
     t_start = time.time()
-    vfile = common.load_vocab_file(cfg.vocab)
-    key = vfile.fingerprint.key
-    ckpt = resolve_target(cfg.target)
-    tcfg = ckpt.config
-    _, target_key = common.target_tokenizer(cfg.target, required=False)
-    if target_key:  # refuse data tokenized for another model, before any device work
-        require_same(target_key, key, "the vocab and data", cfg.target)
-    vocab = common.fit_vocab_to_target(vfile.vocab, tcfg.vocab_size, cfg.vocab)
-    shard = (jax.process_index(), jax.process_count())
-    docs = common.read_docs(cfg.data, key, cfg.seq_len, shard)
-    eval_docs = (common.read_docs(cfg.eval_data, key, cfg.seq_len, shard)
-                 if cfg.eval_data else None)
-    fingerprints = {
-        "tokenizer": vfile.fingerprint.to_json(),
-        "data": common.file_digest(cfg.data),
-        "vocab": hashlib.sha256(vocab.used_ids.tobytes()).hexdigest()[:16],
-        "target": f"{tcfg.name}:{tcfg.family}:{tcfg.num_layers}x{tcfg.hidden_size}:"
-                  f"{tcfg.vocab_size}",
-    }
-    mesh = make_mesh(cfg.mesh)
-    rows = cfg.batch_size
-    if rows % mesh.shape["data"]:
-        raise UserError(f"--batch-size {rows} must be a multiple of the data axis "
-                        f"({mesh.shape['data']}); rows are split over data-parallel devices")
-    shardings(TargetWeights.abstract(tcfg), mesh)  # a mesh that cannot split the heads: now
-    init = _init_params(cfg, ckpt, key)
-    dcfg = init.config if init else DraftConfig.for_target(tcfg, vocab.draft_size,
-                                                          cfg.aux_layer_ids)
-    if init:
-        vocab = _check_init_vocab(init, vocab, cfg.init_from)
-    out = _prepare_run_dir(cfg, fingerprints)  # only once every check has passed
-    per_process_rows = rows * cfg.grad_accum // jax.process_count()
+    stop = stop or Preemption()
+    setup = _check_and_load(cfg)
+    _stop_if_asked(stop, "before training started; nothing to save")
+    out = _prepare_run_dir(cfg, setup.fingerprints)  # only once every check has passed
+    docs, tcfg, mesh = setup.docs, setup.tcfg, setup.mesh
+    per_process_rows = cfg.batch_size * cfg.grad_accum // jax.process_count()
     epoch_batches = common.agree_max(
         -(-len(pack_epoch(docs, cfg.seq_len, cfg.seed, 0).rows) // per_process_rows))
     # The LR schedule spans the planned run (--epochs); --max-steps only stops early, so a
     # capped run resumed with a larger cap continues exactly as one uninterrupted run.
     planned_steps = epoch_batches * cfg.epochs
     total_steps = min(planned_steps, cfg.max_steps or planned_steps)
-    optim = OptimConfig(lr=cfg.lr, warmup_ratio=cfg.warmup_ratio, total_steps=planned_steps,
-                        min_lr_ratio=cfg.min_lr_ratio, b1=cfg.b1, b2=cfg.b2,
-                        weight_decay=cfg.weight_decay, clip_norm=cfg.clip_norm)
-    ttt_cfg = ttt.TTTConfig(cfg.ttt_length, cfg.decay, common.DTYPES[cfg.dtype],
+    ttt_cfg = ttt.TTTConfig(cfg.ttt.steps, cfg.ttt.decay, common.DTYPES[cfg.dtype],
                             resolve_attention(cfg.attention, common.DTYPES[cfg.target_dtype]))
-    trainer = Trainer(tcfg, dcfg, ttt_cfg, optim, mesh)
-    target_w = load_target(ckpt, mesh, common.DTYPES[cfg.target_dtype])
-    vocab_dev = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
-
-    state, step, epoch, position, elapsed_before = _initial_state(cfg, trainer, out, init)
+    trainer = Trainer(tcfg, setup.dcfg, ttt_cfg,
+                      dataclasses.replace(cfg.optim, total_steps=planned_steps), mesh)
+    target_w = load_target(setup.ckpt, mesh, common.DTYPES[cfg.target_dtype])
+    vocab_dev = jax.device_put(ttt.VocabArrays.from_map(setup.vocab), trainer.replicated)
+    state, step, epoch, position, elapsed_before = _initial_state(cfg, trainer, out,
+                                                                  setup.init, console)
+    _stop_if_asked(stop, "before training started; nothing to save")
     t_segment = time.time()  # wall time of earlier (resumed) segments is in elapsed_before
-    console.print(f"[bold]train[/bold] {tcfg.name}: {len(docs):,} records "
-                  f"({docs.num_tokens:,} tokens, {docs.truncated} truncated), "
-                  f"{epoch_batches} steps/epoch x {cfg.epochs} epochs = {planned_steps} steps"
-                  f"{f' (stopping at {total_steps})' if total_steps < planned_steps else ''}; "
-                  f"mesh data={mesh.shape['data']},tensor={mesh.shape['tensor']} on "
+    read = len(docs) + docs.dropped
+    console.print(f"train {tcfg.name}: {read:,} records read, {len(docs):,} used "
+                  f"({docs.num_tokens:,} tokens; {docs.truncated:,} cut to --seq-len "
+                  f"{cfg.seq_len})"
+                  + (f", {docs.dropped:,} dropped (no assistant token in their first "
+                     f"{cfg.seq_len} tokens)" if docs.dropped else "")
+                  + f"; {epoch_batches} steps/epoch x {cfg.epochs} epochs = {planned_steps} "
+                  f"steps{f' (stopping at {total_steps})' if total_steps < planned_steps else ''}"
+                  f"; mesh data={mesh.shape['data']},tensor={mesh.shape['tensor']} on "
                   f"{jax.device_count()} {jax.devices()[0].device_kind}")
-    metrics_path = out / "metrics.jsonl"
-    log = open(metrics_path, "a") if jax.process_index() == 0 else None
+    log = (MetricsLog(out, cfg.track, cfg.to_json(), step) if jax.process_index() == 0
+           else None)
     progress = TrainProgress(console, total_steps, start=step, log_every=cfg.log_every)
     pending = None
     last_saved = step
@@ -205,13 +159,14 @@ def run(cfg: TrainConfig, console) -> Path:
     def checkpoint() -> None:  # report the step still in flight first: its loss may be NaN
         nonlocal pending, last_saved
         if pending is not None:
-            _report(pending, log, progress, epoch)
+            _report(pending, log, progress)
             pending = None
         if last_saved != step:
             _save(out, state, step, epoch, position, cfg,
                   elapsed_before + time.time() - t_segment)
             last_saved = step
 
+    eval_docs = setup.eval_docs
     try:
         with progress:
             if eval_docs is not None and step == 0:  # the starting point, for comparison
@@ -233,24 +188,31 @@ def run(cfg: TrainConfig, console) -> Path:
                         jax.profiler.stop_trace()
                         tracing = False
                     if pending is not None:
-                        _report(pending, log, progress, epoch)
-                    pending = (step, metrics, time.time())
+                        _report(pending, log, progress)
+                    pending = (step, epoch, metrics, time.time())  # reported a step later
                     if step % cfg.save_every == 0 or step == total_steps:
                         checkpoint()
                     if eval_docs is not None and (step % cfg.eval_every == 0
                                                   or step == total_steps):
                         _evaluate(trainer, state, target_w, vocab_dev, eval_docs, cfg, step,
                                   log, progress)
-                    if (cfg.time_limit and step < total_steps
-                            and common.agree_max(int(time.time() - t_start > cfg.time_limit))):
-                        checkpoint()
-                        raise TimeLimitReached(f"--time-limit reached at step {step}/"
-                                               f"{total_steps}; checkpoint saved, continue with "
-                                               "--resume")
+                    # across hosts the flags are agreed by a collective, which waits for the
+                    # step in flight: every --log-every steps (each step with --time-limit)
+                    if step < total_steps and (jax.process_count() == 1 or cfg.time_limit
+                                               or step % cfg.log_every == 0):
+                        late = bool(cfg.time_limit and time.time() - t_start > cfg.time_limit)
+                        reason = common.agree_max(2 * stop.requested + late)
+                        if reason:
+                            checkpoint()
+                            why = (f"stopped by {stop.name or 'a signal on another process'}"
+                                   if reason >= 2 else "--time-limit reached")
+                            err = Preempted if reason >= 2 else TimeLimitReached
+                            raise err(f"{why} at step {step}/{total_steps}; checkpoint "
+                                      "saved, continue with --resume")
                 if position >= epoch_batches:
                     epoch, position = epoch + 1, 0
             if pending is not None:
-                _report(pending, log, progress, epoch)
+                _report(pending, log, progress)
     except TrainingDiverged as e:
         raise TrainingDiverged(f"{e} The last good checkpoint is step {last_saved} in "
                                f"{checkpoints.checkpoint_dir(out)}; lower --lr or raise "
@@ -260,18 +222,67 @@ def run(cfg: TrainConfig, console) -> Path:
             jax.profiler.stop_trace()
         if log:
             log.close()
+    return _finish(cfg, out, state, step, setup, elapsed_before + time.time() - t_segment,
+                   console)
+
+
+def _check_and_load(cfg: TrainConfig) -> _Setup:
+    """Every artifact check, cheapest first, before any device work."""
+    vfile = common.load_vocab_file(cfg.vocab)
+    key = vfile.fingerprint.key
+    ckpt = resolve_target(cfg.target)
+    tcfg = ckpt.config
+    _, target_key = common.target_tokenizer(cfg.target, required=False)
+    if target_key:  # refuse a vocab (and data) tokenized for another model
+        require_same(target_key, key, "the vocab", cfg.vocab,
+                     f"the tokenizer of --target {cfg.target}",
+                     "select the vocab (vocab-select) from data tokenized with the target's "
+                     "tokenizer")
+    vocab = common.fit_vocab_to_target(vfile.vocab, tcfg.vocab_size, cfg.vocab)
+    shard = (jax.process_index(), jax.process_count())
+    docs = common.read_docs(cfg.data, key, cfg.seq_len, shard)
+    eval_docs = (common.read_docs(cfg.eval_data, key, cfg.seq_len, shard)
+                 if cfg.eval_data else None)
+    fingerprints = {
+        "tokenizer": vfile.fingerprint.to_json(),
+        "data": common.file_digest(cfg.data),
+        "vocab": hashlib.sha256(vocab.used_ids.tobytes()).hexdigest()[:16],
+        "target": f"{tcfg.name}:{tcfg.family}:{tcfg.num_layers}x{tcfg.hidden_size}:"
+                  f"{tcfg.vocab_size}",
+    }
+    mesh = make_mesh(cfg.mesh)
+    if cfg.batch_size % mesh.shape["data"]:
+        raise UserError(f"--batch-size {cfg.batch_size} must be a multiple of the data axis "
+                        f"({mesh.shape['data']}); rows are split over data-parallel devices")
+    shardings(TargetWeights.abstract(tcfg), mesh)  # a mesh that cannot split the heads: now
+    init = _init_params(cfg, ckpt, key)
+    dcfg = init.config if init else DraftConfig.for_target(tcfg, vocab.draft_size,
+                                                          cfg.aux_layer_ids)
+    if init:
+        vocab = _check_init_vocab(init, vocab, cfg.init_from)
+    return _Setup(docs, eval_docs, tcfg, ckpt, dcfg, vocab, fingerprints, mesh, init)
+
+
+def _stop_if_asked(stop: Preemption, what: str) -> None:
+    if common.agree_max(int(stop.requested)):
+        raise Preempted(f"stopped by {stop.name or 'a signal on another process'} {what}")
+
+
+def _finish(cfg: TrainConfig, out: Path, state, step: int, setup: _Setup, wall: float,
+            console) -> Path:
+    """Writes OUT/final: the draft with its vocab, fingerprints and training record."""
     final = out / "final"
     if jax.process_index() == 0:
-        wall = elapsed_before + time.time() - t_segment
+        docs, tcfg, mesh = setup.docs, setup.tcfg, setup.mesh
         training = {**cfg.to_json(), "steps": step, "wall_time_s": round(wall),
                     "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind,
                     "data_records": len(docs) * jax.process_count(),
                     "data_tokens": docs.num_tokens * jax.process_count(),
                     "mesh": f"data={mesh.shape['data']},tensor={mesh.shape['tensor']}"}
-        save_draft(final, Draft(dcfg, state.params, vocab, tcfg.name, ckpt.hf_config,
-                                fingerprints, training), force=True)
-        console.print(f"[green]done[/green]: {step} steps in {wall:.0f}s; "
-                      f"draft written to {final}")
+        save_draft(final, Draft(setup.dcfg, state.params, setup.vocab, tcfg.name,
+                                setup.ckpt.hf_config, setup.fingerprints, training),
+                   force=True)
+        console.print(f"done: {step} steps in {wall:.0f}s; draft written to {final}")
     return final
 
 
@@ -289,16 +300,51 @@ def _check_init_vocab(init: Draft, vocab, where) -> Any:
     return init.vocab
 
 
-def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | None):
+def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | None,
+                   console):
+    """(state, step, epoch, position, elapsed seconds) to start from.
+
+    With --resume: the newest checkpoint, or step 0 when the run stopped before its first
+    one. Either way metrics.jsonl is cut back to that step, so after a kill and a resume it
+    reads as one run (the steps re-run are logged once).
+    """
     existing = checkpoints.list_checkpoints(out)
     if cfg.resume and existing:
         abstract = trainer.abstract_state()
         values, meta = checkpoints.load(existing[-1], abstract)
         state = jax.device_put(values, trainer.state_shardings)
-        return (state, int(meta["step"]), int(meta["epoch"]), int(meta["position"]),
+        step = int(meta["step"])
+        _truncate_metrics(out / "metrics.jsonl", step)
+        console.print(f"resuming {out} from step {step} ({existing[-1].name})")
+        return (state, step, int(meta["epoch"]), int(meta["position"]),
                 float(meta.get("elapsed_s", 0.0)))
+    if cfg.resume:
+        console.print(f"{out} has no checkpoint yet (stopped before --save-every "
+                      f"{cfg.save_every} steps): starting from step 1")
+        _truncate_metrics(out / "metrics.jsonl", 0)
     params = init.weights if init else None
     return trainer.init_state(jax.random.key(cfg.seed), params), 0, 0, 0, 0.0
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Keeps the records a run resumed at `step` will not write again.
+
+    Records up to `step` stay (that step's train record is written before its checkpoint;
+    its eval record, if any, after); an evaluation at step 0 is re-run, so none stays then.
+    A line cut short by the kill is dropped.
+    """
+    if jax.process_index() != 0 or not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("step", 0) < step or (0 < step == record.get("step")):
+            kept.append(line + "\n")
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(kept))
 
 
 def _step(trainer, state, target_w, vocab_dev, batch, cfg):
@@ -308,14 +354,14 @@ def _step(trainer, state, target_w, vocab_dev, batch, cfg):
         if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
             raise ResourceError(
                 f"out of device memory for --batch-size {cfg.batch_size} x --seq-len "
-                f"{cfg.seq_len} x --ttt-length {cfg.ttt_length}: lower --batch-size (and raise "
+                f"{cfg.seq_len} x --ttt-length {cfg.ttt.steps}: lower --batch-size (and raise "
                 "--grad-accum to keep the global batch), shorten --seq-len, or add tensor "
                 "parallelism (--mesh tensor=N)") from None
         raise
 
 
-def _report(pending, log, progress, epoch) -> None:
-    step, m, t = pending
+def _report(pending, log, progress) -> None:
+    step, epoch, m, t = pending
     m = to_host(m)
     loss = float(m.loss)
     if not math.isfinite(loss):
@@ -326,8 +372,7 @@ def _report(pending, log, progress, epoch) -> None:
               "acc": s["acc"], "cond_acc": s["cond_acc"], "tau": s["tau"]}
     record["tokens_per_s"] = progress.update(step, record, t)
     if log:
-        log.write(msgspec.json.encode(record).decode() + "\n")
-        log.flush()
+        log.write(record)
 
 
 def _save(out, state, step, epoch, position, cfg, elapsed_s: float) -> None:
@@ -343,5 +388,4 @@ def _evaluate(trainer, state, target_w, vocab_dev, docs, cfg, step, log, progres
     record = {"step": step, "eval": True, **s}
     progress.note_eval(record)
     if log:
-        log.write(msgspec.json.encode(record).decode() + "\n")
-        log.flush()
+        log.write(record)

@@ -1,0 +1,57 @@
+"""Options shared by several commands, declared once (`train`, `eval`, `regenerate`).
+
+Use as a parameter's type, with the default in the signature:
+
+    def eval_cmd(target: Target, mesh: Mesh = None, dtype: Dtype = "bfloat16", ...)
+
+Choices are checked while the command line is parsed (exit 2, the usual usage line).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from eagle3kit.errors import UserError
+from eagle3kit.io.dtypes import dtype_name
+from eagle3kit.jobs.config import ATTENTION, COMPUTE_DTYPES
+
+
+def _dtype(option: str):
+    def check(value: str) -> str:
+        try:
+            return dtype_name(value, COMPUTE_DTYPES, option)
+        except UserError as e:
+            raise typer.BadParameter(str(e).removeprefix(f"{option} ")) from None
+    return check
+
+
+def _one_of(choices: tuple[str, ...]):
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in choices:
+            raise typer.BadParameter(f"{value!r}: choose {', '.join(choices)}")
+        return value
+    return check
+
+
+Target = Annotated[str, typer.Option(
+    help="Target model: HF directory, .gguf file or Hub id.", show_default=False)]
+Mesh = Annotated[str | None, typer.Option(
+    help="Device mesh as AXIS=N,..., e.g. data=4,tensor=2 (default: every device on data; "
+         "generation uses tensor=T only, default one device).")]
+Dtype = Annotated[str, typer.Option(
+    callback=_dtype("--dtype"),
+    help="Draft compute dtype: bfloat16 or float32 (training keeps float32 master weights and "
+         "optimizer state).")]
+TargetDtype = Annotated[str, typer.Option(
+    callback=_dtype("--target-dtype"), help="Target weights: bfloat16 or float32.")]
+Attention = Annotated[str, typer.Option(
+    callback=_one_of(ATTENTION),
+    help="Target attention kernel: auto (cuDNN flash attention on GPUs in bf16), xla or cudnn.")]
+Seed = Annotated[int, typer.Option(
+    help="Random seed (train: draft init and data order; eval and regenerate: sampling at "
+         "temperature > 0).")]
+Coordinator = Annotated[str | None, typer.Option(help="Multi-host: coordinator HOST:PORT.")]
+NumProcesses = Annotated[int | None, typer.Option(help="Multi-host: number of processes.")]
+ProcessId = Annotated[int | None, typer.Option(help="Multi-host: this process's index.")]
