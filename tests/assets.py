@@ -215,3 +215,32 @@ def tiny_target_and_draft(directory: Path, draft_vocab_size: int = 64, seed: int
     ids = np.r_[np.arange(1, 96, 2), np.arange(0, 96, 2)[: draft_vocab_size - 48]]
     vocab = ttt.VocabArrays.from_map(VocabMap.from_ids(ids, ckpt.config.vocab_size))
     return ckpt.config, tw, dcfg, w, vocab, mesh
+
+
+def train_draft(dcfg, sig, batch, vocab, ttt_steps: int, tx, train_steps: int):
+    """A draft trained with the TTT loss (`core.ttt.rollout`, fp32) on one fixed batch whose
+    frozen target signals `sig` are computed once (the trainer recomputes them every step:
+    same loss, a fraction of the CPU time). `tx` is an optax optimizer."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from eagle3kit.core import ttt
+    from eagle3kit.core.draft import DraftWeights
+    from eagle3kit.core.sharding import init_weights
+
+    cfg = ttt.TTTConfig(steps=ttt_steps, compute_dtype=jnp.float32)
+    den = ttt.valid_counts(batch, ttt_steps)
+
+    @jax.jit
+    def step(w, opt):
+        grads, _ = jax.grad(lambda w: ttt.rollout(w, dcfg, sig, batch, vocab, cfg, den),
+                            has_aux=True)(w)
+        updates, opt = tx.update(grads, opt, w)
+        return optax.apply_updates(w, updates), opt
+
+    w = init_weights(DraftWeights.abstract(dcfg), jax.random.key(0))
+    opt = tx.init(w)
+    for _ in range(train_steps):
+        w, opt = step(w, opt)
+    return w

@@ -24,6 +24,7 @@ from eagle3kit.decode.speculative import (
 )
 from eagle3kit.io.hf import load_target, resolve_target
 from eagle3kit.jobs.evaluate import generation_mesh
+from tests.decode import accepting
 
 # ---- the rules --------------------------------------------------------------------------------
 
@@ -165,17 +166,42 @@ def test_sampling_through_the_decoder_follows_the_target(tiny):
     assert chi_square_p_value([(tokens[:, 1], p2)]) > P_MIN
 
 
-def test_a_tensor_parallel_target_decodes_the_same(tiny, tiny_dir):
-    """`--mesh tensor=2`: the target's heads split over two devices, the same tokens."""
-    tcfg, tw, dcfg, w, vocab, mesh = tiny
+# ---- the decoder with a draft that gets tokens accepted -------------------------------------
+
+
+def _accepting_run(acc, decoder_for):
+    """Each prompt decoded speculatively: the greedy tokens, and the accepted counts of every
+    verify step equal to the reference's (so their histogram too); plain decoding agrees."""
+    dec = DecodeConfig(steps=accepting.K, max_new_tokens=accepting.NEW)
+    decoder = decoder_for(dec)
+    histogram = np.zeros(accepting.K + 1, np.int64)
+    for prompt, answer, expected in zip(acc.prompts, acc.greedy, acc.accept_lengths,
+                                        strict=True):
+        got = decoder.speculative(prompt)
+        assert got.generated_ids == answer[: accepting.NEW]
+        assert got.accept_lengths == expected
+        np.add.at(histogram, expected, 1)
+    assert decoder.plain(acc.prompts[0]).generated_ids == acc.greedy[0][: accepting.NEW]
+    # every length occurs, full chains included: commit, extend and the next chain's
+    # starting column are exercised after every kind of verify step
+    assert (histogram > 0).all(), histogram
+    return histogram
+
+
+def test_greedy_with_accepted_drafts_is_lossless_and_accepts_as_the_reference(accepting_draft):
+    acc = accepting_draft
+    _accepting_run(acc, lambda dec: Decoder(acc.tcfg, acc.dcfg, acc.target_w, acc.draft_w,
+                                            acc.vocab, dec, [], acc.mesh))
+
+
+def test_greedy_with_accepted_drafts_on_a_tensor_parallel_target(accepting_draft, tiny_dir):
+    """`--mesh tensor=2`: the target's heads split over two devices, the same tokens and
+    the same accepted counts."""
+    acc = accepting_draft
     split = generation_mesh("tensor=2")
     replicated = NamedSharding(split, PartitionSpec())
     tw2 = load_target(resolve_target(tiny_dir), split, jnp.float32)
     assert tw2.layers.q.sharding.spec[2] == "tensor"
-    dec = DecodeConfig(steps=3, max_new_tokens=16)
-    prompt = [int(x) for x in np.random.default_rng(8).integers(0, 96, 11)]
-    one = Decoder(tcfg, dcfg, tw, w, vocab, dec, [], mesh).speculative(prompt)
-    two = Decoder(tcfg, dcfg, tw2, jax.device_put(w, replicated),
-                  jax.device_put(vocab, replicated), dec, [], split)
-    assert two.speculative(prompt).generated_ids == one.generated_ids
-    assert two.plain(prompt).generated_ids == one.generated_ids
+    _accepting_run(acc, lambda dec: Decoder(
+        acc.tcfg, acc.dcfg, tw2, jax.device_put(acc.draft_w, replicated),
+        jax.device_put(acc.vocab, replicated), dec, [], split))
