@@ -186,6 +186,26 @@ def train_assets() -> Path:
     return _train_assets_cache()
 
 
+def with_renamed_token(source: Path, directory: Path, old: str = "<empty_output>",
+                       new: str = "<tool_output>") -> Path:
+    """A copy of the model or tokenizer directory `source` whose tokenizer has one token
+    string renamed (SmolLM2's special token 16 by default, as fine-tunes rename reserved
+    tokens): the same vocabulary size, the same ids, one id meaning something else."""
+    import shutil
+
+    shutil.copytree(source, directory)
+    path = directory / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    vocab = tok["model"]["vocab"]
+    assert old in vocab and new not in vocab
+    vocab[new] = vocab.pop(old)
+    for added in tok["added_tokens"]:
+        if added["content"] == old:
+            added["content"] = new
+    path.write_text(json.dumps(tok, ensure_ascii=False))
+    return directory
+
+
 def tiny_target_and_draft(directory: Path, draft_vocab_size: int = 64, seed: int = 0):
     """A tiny random Llama target (fp32, one device) and a random draft for it whose norms are
     perturbed (so a swapped norm shows) and whose vocab (odd ids and a few even ones) leaves

@@ -200,6 +200,18 @@ def test_draft_with_another_tokenizer_is_refused(tiny, tmp_path):
     assert r.exit_code == 3 and "tokenizer" in r.stderr
 
 
+def test_target_whose_tokenizer_renames_one_token_is_refused(tiny, tmp_path):
+    """The draft, its data and the target's tokenizer agree on vocab size and ids; the
+    target's tokenizer means something else by one id."""
+    a, draft = tiny
+    twin = tmp_path / "a"
+    twin.mkdir()
+    assets.with_renamed_token(a / "target", twin / "target")
+    for args in (tf_args(twin, draft, a / "heldout.jsonl"), gen_args(twin, draft, "mt-bench")):
+        r = invoke(args)
+        assert r.exit_code == 3 and "tokenizer" in r.stderr, r.output
+
+
 def test_missing_prompt_package_names_what_to_install(tiny, monkeypatch):
     a, draft = tiny
     monkeypatch.setitem(prompt_sets.BUILTIN, "mt-bench",

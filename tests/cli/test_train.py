@@ -132,6 +132,16 @@ def test_mismatched_vocab_is_refused_before_compute(a, tmp_path):
     assert "tokenizer" in r.output and not (tmp_path / "run").exists()
 
 
+def test_target_whose_tokenizer_renames_one_token_is_refused(a, tmp_path):
+    """Same vocab size and ids as the data's tokenizer, one token string different."""
+    args = base_args(a, tmp_path / "run")
+    args[args.index(str(a / "target"))] = str(assets.with_renamed_token(a / "target",
+                                                                        tmp_path / "twin"))
+    r = invoke(args)
+    assert r.exit_code == 3 and "tokenizer" in r.output, r.output
+    assert not (tmp_path / "run").exists()
+
+
 def test_mesh_errors(a, tmp_path):
     args = base_args(a, tmp_path / "run")
     args[args.index(MESH)] = "data=3,tensor=1"
