@@ -1,4 +1,7 @@
-"""Speculative decoding: the acceptance rules on their own, and the decoder on a tiny target.
+"""Speculative decoding: the acceptance rules on their own, and the decoder on a tiny target,
+with a random draft (nothing accepted) and with a draft trained to get tokens accepted
+(tests/decode/accepting.py: every accepted length occurs, checked against a cache-free
+reference).
 
 The greedy losslessness on the real SmolLM2 is in test_smollm2.py.
 """
