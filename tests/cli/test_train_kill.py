@@ -2,7 +2,8 @@
 the one an uninterrupted run writes, and metrics.jsonl holds every step once.
 
 The runs are real subprocesses on one CPU device (the tiny target of tests/assets), sharing
-a persistent compilation cache so only the first one compiles. Killed twice over:
+a persistent compilation cache so only the first one compiles. One run is killed twice and
+resumed after each kill (one chain keeps the subprocess count, and CI time, down):
 - from outside, between checkpoints (steps logged past the last checkpoint are redone);
 - from inside, in the middle of a checkpoint write (tests/cli/kill_in_checkpoint.py).
 """
@@ -75,9 +76,10 @@ def uninterrupted(a, env, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def killed_between(a, env, uninterrupted, tmp_path_factory):
-    """Killed from outside once steps past the first checkpoint are logged, then resumed."""
-    out = tmp_path_factory.mktemp("between") / "run"
+def killed(a, env, uninterrupted, tmp_path_factory):
+    """One run killed twice, resumed after each kill: from outside once steps past the first
+    checkpoint are logged, then from inside while writing the second checkpoint."""
+    out = tmp_path_factory.mktemp("killed") / "run"
     p = subprocess.Popen([sys.executable, "-m", "eagle3kit", *command(a, out)], env=env,
                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -89,49 +91,32 @@ def killed_between(a, env, uninterrupted, tmp_path_factory):
     finally:
         assert p.wait() == -signal.SIGKILL, "the run ended before the kill"
     logged = max(r["step"] for r in train_rows(out))
-    assert saved_steps(out)[-1] < logged < STEPS  # killed between checkpoints
-    r = run(command(a, out, "--resume"), env)
-    assert r.returncode == 0, r.stderr
-    return out
+    assert saved_steps(out) == [SAVE_EVERY] and SAVE_EVERY < logged < 2 * SAVE_EVERY
 
-
-@pytest.fixture(scope="module")
-def killed_in_checkpoint(a, env, uninterrupted, tmp_path_factory):
-    """Killed while writing the checkpoint of step 2 * SAVE_EVERY, then resumed."""
-    out = tmp_path_factory.mktemp("in-checkpoint") / "run"
-    r = run([str(2 * SAVE_EVERY), *command(a, out)], env, "tests.cli.kill_in_checkpoint")
+    r = run([str(2 * SAVE_EVERY), *command(a, out, "--resume")], env,
+            "tests.cli.kill_in_checkpoint")
     assert r.returncode == -signal.SIGKILL, r.stderr
     assert saved_steps(out) == [SAVE_EVERY]
     assert list((out / "checkpoints").glob(f".step_{2 * SAVE_EVERY:08d}.*"))  # the half one
+
     r = run(command(a, out, "--resume"), env)
     assert r.returncode == 0, r.stderr
+    assert saved_steps(out)[-1] == STEPS
     return out
 
 
-def assert_same_final(run_dir: Path, uninterrupted: Path):
-    got, want = load_draft(run_dir / "final").weights, load_draft(uninterrupted / "final").weights
+def test_killed_twice_and_resumed_equals_uninterrupted(killed, uninterrupted):
+    """Bit-identical final weights, and every step's logged loss the uninterrupted run's
+    (the last row of a step wins)."""
+    got, want = load_draft(killed / "final").weights, load_draft(uninterrupted / "final").weights
     for name in want.__dataclass_fields__:
         g, w = np.asarray(getattr(got, name)), np.asarray(getattr(want, name))
         assert g.dtype == w.dtype and g.tobytes() == w.tobytes(), name
-    # every step's logged loss is the uninterrupted run's (the last row of a step wins)
-    losses = {r["step"]: r["loss"] for r in train_rows(run_dir)}
+    losses = {r["step"]: r["loss"] for r in train_rows(killed)}
     assert losses == {r["step"]: r["loss"] for r in train_rows(uninterrupted)}
-
-
-def test_kill_between_checkpoints_then_resume_equals_uninterrupted(killed_between,
-                                                                   uninterrupted):
-    assert_same_final(killed_between, uninterrupted)
-
-
-def test_kill_during_a_checkpoint_write_then_resume_equals_uninterrupted(killed_in_checkpoint,
-                                                                         uninterrupted):
-    assert_same_final(killed_in_checkpoint, uninterrupted)
-    assert saved_steps(killed_in_checkpoint)[-1] == STEPS
 
 
 @pytest.mark.xfail(strict=True, reason="issue #16: `train --resume` keeps the metrics rows "
                    "logged after the checkpoint it resumes from, so those steps appear twice")
-@pytest.mark.parametrize("case", ["killed_between", "killed_in_checkpoint"])
-def test_metrics_hold_every_step_once_after_a_kill(case, request, uninterrupted):
-    rows = train_rows(request.getfixturevalue(case))
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+def test_metrics_hold_every_step_once_after_kills(killed):
+    assert [r["step"] for r in train_rows(killed)] == list(range(1, STEPS + 1))
