@@ -216,6 +216,26 @@ def train_assets() -> Path:
     return _train_assets_cache()
 
 
+def with_renamed_token(source: Path, directory: Path, old: str = "<empty_output>",
+                       new: str = "<tool_output>") -> Path:
+    """A copy of the model or tokenizer directory `source` whose tokenizer has one token
+    string renamed (SmolLM2's special token 16 by default, as fine-tunes rename reserved
+    tokens): the same vocabulary size, the same ids, one id meaning something else."""
+    import shutil
+
+    shutil.copytree(source, directory)
+    path = directory / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    vocab = tok["model"]["vocab"]
+    assert old in vocab and new not in vocab
+    vocab[new] = vocab.pop(old)
+    for added in tok["added_tokens"]:
+        if added["content"] == old:
+            added["content"] = new
+    path.write_text(json.dumps(tok, ensure_ascii=False))
+    return directory
+
+
 def tiny_target_and_draft(directory: Path, draft_vocab_size: int = 64, seed: int = 0):
     """A tiny random Llama target (fp32, one device) and a random draft for it whose norms are
     perturbed (so a swapped norm shows) and whose vocab (odd ids and a few even ones) leaves
@@ -245,3 +265,32 @@ def tiny_target_and_draft(directory: Path, draft_vocab_size: int = 64, seed: int
     ids = np.r_[np.arange(1, 96, 2), np.arange(0, 96, 2)[: draft_vocab_size - 48]]
     vocab = ttt.VocabArrays.from_map(VocabMap.from_ids(ids, ckpt.config.vocab_size))
     return ckpt.config, tw, dcfg, w, vocab, mesh
+
+
+def train_draft(dcfg, sig, batch, vocab, ttt_steps: int, tx, train_steps: int):
+    """A draft trained with the TTT loss (`core.ttt.rollout`, fp32) on one fixed batch whose
+    frozen target signals `sig` are computed once (the trainer recomputes them every step:
+    same loss, a fraction of the CPU time). `tx` is an optax optimizer."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from eagle3kit.core import ttt
+    from eagle3kit.core.draft import DraftWeights
+    from eagle3kit.core.sharding import init_weights
+
+    cfg = ttt.TTTConfig(steps=ttt_steps, compute_dtype=jnp.float32)
+    den = ttt.valid_counts(batch, ttt_steps)
+
+    @jax.jit
+    def step(w, opt):
+        grads, _ = jax.grad(lambda w: ttt.rollout(w, dcfg, sig, batch, vocab, cfg, den),
+                            has_aux=True)(w)
+        updates, opt = tx.update(grads, opt, w)
+        return optax.apply_updates(w, updates), opt
+
+    w = init_weights(DraftWeights.abstract(dcfg), jax.random.key(0))
+    opt = tx.init(w)
+    for _ in range(train_steps):
+        w, opt = step(w, opt)
+    return w

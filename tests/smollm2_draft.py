@@ -29,7 +29,7 @@ from eagle3kit.core import target as target_model
 from eagle3kit.core import ttt
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.draft import DraftWeights
-from eagle3kit.core.sharding import init_weights, make_mesh
+from eagle3kit.core.sharding import make_mesh
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.data.chat import render
 from eagle3kit.data.fingerprint import tokenizer_fingerprint
@@ -142,19 +142,6 @@ def _train(t: Smollm2, cfg: DraftConfig, vocab: VocabMap, docs: TokenDocs) -> Dr
                          for k, v in packed.batch(0, len(packed.rows)).items()})
     va = ttt.VocabArrays.from_map(vocab)
     sig = jax.jit(lambda w, b: ttt.target_signals(w, t.cfg, cfg, va, b))(t.weights, batch)
-    tcfg = ttt.TTTConfig(steps=TTT_STEPS, compute_dtype=jnp.float32)
-    den = ttt.valid_counts(batch, TTT_STEPS)
     tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(3e-3, b1=0.9, b2=0.95))
-    w = init_weights(DraftWeights.abstract(cfg), jax.random.key(0))
-
-    @jax.jit
-    def step(w, opt):
-        grads, _ = jax.grad(lambda w: ttt.rollout(w, cfg, sig, batch, va, tcfg, den),
-                            has_aux=True)(w)
-        updates, opt = tx.update(grads, opt, w)
-        return optax.apply_updates(w, updates), opt
-
-    opt = tx.init(w)
-    for _ in range(TRAIN_STEPS):
-        w, opt = step(w, opt)
+    w = assets.train_draft(cfg, sig, batch, va, TTT_STEPS, tx, TRAIN_STEPS)
     return jax.tree.map(np.asarray, w)

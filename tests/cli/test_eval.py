@@ -122,6 +122,82 @@ def test_teacher_forced_equals_what_train_logs_for_its_final_weights(tiny, tmp_p
         assert result[key] == final[key], key
 
 
+@pytest.fixture(scope="module")
+def constant_draft(tiny):
+    """A draft that always proposes the target's most frequent greedy token m on the
+    held-out data: its draft vocab is m and the 511 ids after it (so m is draft index 0)
+    and its final norm is zero (all logits 0, argmax index 0). acc_k is then the share of
+    positions whose target token is m and cond_acc_k that of runs of m: neither is zero,
+    and both are plain counts of the target's argmax, known without the draft."""
+    import jax.numpy as jnp
+
+    from eagle3kit.core import target
+    from eagle3kit.core.sharding import make_mesh
+    from eagle3kit.io.hf import load_target
+
+    a, _ = tiny
+    ckpt = resolve_target(a / "target")
+    tw = load_target(ckpt, make_mesh("data=1,tensor=1", jax.devices()[:1]), jnp.float32)
+    records = list(read_token_records(a / "heldout.jsonl"))
+    tokens = np.zeros((len(records), max(len(r.input_ids) for r in records)), np.int32)
+    for i, r in enumerate(records):
+        tokens[i, : len(r.input_ids)] = r.input_ids
+    out = target.forward(tw, ckpt.config, jnp.asarray(tokens))  # causal: padding after
+    greedy = np.asarray(jnp.argmax(target.logits(tw, out.hidden_BxTxD), -1))
+    counts = np.bincount(np.concatenate([greedy[i, : len(r.input_ids)]
+                                         for i, r in enumerate(records)]),
+                         minlength=ckpt.config.vocab_size)
+    m = int(np.argmax(counts[: ckpt.config.vocab_size - 512]))
+    vocab = VocabMap.from_ids(np.arange(m, m + 512), ckpt.config.vocab_size)
+    cfg = DraftConfig.for_target(ckpt.config, 512)
+    w = jax.tree.map(np.asarray, init_weights(DraftWeights.abstract(cfg), jax.random.key(0)))
+    w.final_norm = np.zeros_like(w.final_norm)
+    meta = read_vocab(a / "vocab.safetensors")[1]
+    path = a.parent / f"constant-draft-{a.name}"
+    save_draft(path, Draft(cfg, w, vocab, "tiny", ckpt.hf_config,
+                           {"tokenizer": meta["tokenizer"]}), force=True)
+    return path
+
+
+def test_teacher_forced_on_a_data_mesh_equals_one_device(tiny, constant_draft):
+    """Rows split over data=4 (padded rows where the last batch runs short) count every
+    masked token once: acc, cond_acc and the token count exactly as on one device."""
+    a, _ = tiny
+    results = []
+    for mesh in ("data=4,tensor=1", "data=1,tensor=1"):
+        r = invoke(tf_args(a, constant_draft, a / "heldout.jsonl", "--json", "--mesh", mesh,
+                           "--batch-size", 4))
+        assert r.exit_code == 0, r.output
+        results.append(json.loads(r.stdout))
+    four, one = results
+    assert min(one["acc"]) > 0 and min(one["cond_acc"]) > 0
+    for key in ("acc", "cond_acc", "tau", "masked_tokens"):
+        assert four[key] == one[key], key
+    assert four["ce"] == pytest.approx(one["ce"], rel=1e-5)
+
+
+def test_teacher_forced_in_bfloat16_like_float32(tiny, constant_draft):
+    """The defaults users run (bf16 draft compute, bf16 target) against fp32. This draft's
+    logits are exactly 0 in any dtype, so what moves is the target's argmax: bf16 rounds
+    logits to 8 significant bits, and this tiny random target's logits are so flat that
+    about 1% of its greedy tokens change (measured in train's bf16 test; here acc moves by
+    0.003): acc (shares of ~1400 tokens) agrees to 0.01; cond_acc_k counts only runs of k
+    tokens m (~45 for k = 2, where one flipped token moves it by 0.02) and agrees to 0.05.
+    A target run in the wrong dtype or on the wrong states misses by far more."""
+    a, _ = tiny
+    bf16_args = [x for x in tf_args(a, constant_draft, a / "heldout.jsonl", "--json")
+                 if x not in FP32]
+    results = []
+    for args in (bf16_args, tf_args(a, constant_draft, a / "heldout.jsonl", "--json")):
+        r = invoke(args)
+        assert r.exit_code == 0, r.output
+        results.append(json.loads(r.stdout))
+    bf16, fp32 = results
+    assert bf16["masked_tokens"] == fp32["masked_tokens"]
+    assert np.abs(np.subtract(bf16["acc"], fp32["acc"])).max() <= 0.01
+    assert np.abs(np.subtract(bf16["cond_acc"], fp32["cond_acc"])).max() <= 0.05
+
+
 def test_generate_from_a_prompt_file_with_samples_and_plot(tiny, tmp_path):
     a, draft = tiny
     prompts = tmp_path / "prompts.jsonl"
@@ -200,6 +276,18 @@ def test_draft_with_another_tokenizer_is_refused(tiny, tmp_path):
     save_draft(tmp_path / "draft", d)
     r = invoke(gen_args(a, tmp_path / "draft", "mt-bench"))
     assert r.exit_code == 3 and "tokenizer" in r.stderr
+
+
+def test_target_whose_tokenizer_renames_one_token_is_refused(tiny, tmp_path):
+    """The draft, its data and the target's tokenizer agree on vocab size and ids; the
+    target's tokenizer means something else by one id."""
+    a, draft = tiny
+    twin = tmp_path / "a"
+    twin.mkdir()
+    assets.with_renamed_token(a / "target", twin / "target")
+    for args in (tf_args(twin, draft, a / "heldout.jsonl"), gen_args(twin, draft, "mt-bench")):
+        r = invoke(args)
+        assert r.exit_code == 3 and "tokenizer" in r.stderr, r.output
 
 
 def test_missing_prompt_package_names_what_to_install(tiny, monkeypatch):

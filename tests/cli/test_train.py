@@ -17,11 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from eagle3kit.cli.app import app
+from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.sharding import init_weights
 from eagle3kit.io.draft_io import load_draft
 from tests import assets
 
@@ -133,6 +136,79 @@ def test_same_batch_on_one_device_and_on_a_mesh(a, tmp_path):
         np.testing.assert_allclose(getattr(w1, name), getattr(w2, name), rtol=1e-4, atol=1e-6)
 
 
+def rows(run: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+            if not r.get("eval")]
+
+
+@pytest.fixture(scope="module")
+def fp32_run(a, tmp_path_factory):
+    """Two fp32 steps of 4 rows on one device: the baseline of the equivalences below."""
+    out = tmp_path_factory.mktemp("fp32") / "run"
+    assert invoke(base_args(a, out, *ONE_DEVICE)).exit_code == 0
+    return out
+
+
+ONE_DEVICE = ["--max-steps", "2", "--mesh", "data=1,tensor=1"]
+
+
+def test_grad_accum_equals_twice_the_rows(a, fp32_run, tmp_path):
+    """`--batch-size 2 --grad-accum 2` and `--batch-size 4` see the same 4 rows per step
+    (denominators over the whole global batch): same loss, grad_norm and weights, up to
+    fp32 summation order."""
+    accum = tmp_path / "accum"
+    args = base_args(a, accum, *ONE_DEVICE, "--grad-accum", "2")
+    args[args.index("--batch-size") + 1] = "2"
+    assert invoke(args).exit_code == 0
+    for r1, r2 in zip(rows(accum), rows(fp32_run), strict=True):
+        assert r1["step"] == r2["step"]
+        assert r1["loss"] == pytest.approx(r2["loss"], rel=1e-5)
+        assert r1["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-4)
+    w1, w2 = load_draft(accum / "final").weights, load_draft(fp32_run / "final").weights
+    for name in w1.__dataclass_fields__:
+        np.testing.assert_allclose(getattr(w1, name), getattr(w2, name), rtol=1e-4, atol=1e-6)
+
+
+def _update_cosines(run: Path, baseline: Path) -> dict[str, float]:
+    """Per weight, the cosine between the two runs' updates from the same (--seed 0) start."""
+    final, other = load_draft(run / "final"), load_draft(baseline / "final")
+    start = init_weights(DraftWeights.abstract(final.config), jax.random.key(0))
+    out = {}
+    for name in final.weights.__dataclass_fields__:
+        d1 = np.ravel(getattr(final.weights, name) - np.asarray(getattr(start, name)))
+        d2 = np.ravel(getattr(other.weights, name) - np.asarray(getattr(start, name)))
+        out[name] = float(d1 @ d2 / (np.linalg.norm(d1) * np.linalg.norm(d2)))
+    return out
+
+
+@pytest.mark.parametrize("target_dtype", ["float32", "bfloat16"])
+def test_bfloat16_trains_like_float32(a, fp32_run, tmp_path, target_dtype):
+    """`--dtype bfloat16` (the draft's compute; master weights stay fp32), with the target
+    in fp32 and in bf16 (the defaults users run), against fp32 on the same batches.
+
+    bf16 keeps 8 significant bits (rounding 2^-9 = 0.2% per value). In the draft's
+    compute those errors average out over the ~1000 masked tokens of a step: the loss
+    agrees to 1e-3 (measured: 1e-5). A bf16 *target* also moves its argmax wherever its
+    top two logits lie within rounding, and this tiny random target's logits are nearly
+    flat: about 1% of the positions change whether they are trained at all (argmax in the
+    draft vocab or not), each adding or removing a cross-entropy near log(512) over ~1000
+    masked tokens, so there the loss agrees to 10% (measured: 5%). Adam's first steps
+    are about lr * sign(g) per weight; rounding flips the sign of only the smallest
+    gradients, so the update directions agree to a cosine above 0.9, where a broken path
+    (gradients cut at a cast, a wrong dtype reaching the optimizer) gives unrelated or
+    zero updates."""
+    out = tmp_path / "run"
+    args = base_args(a, out, *ONE_DEVICE)
+    args[args.index("--dtype") + 1] = "bfloat16"
+    args[args.index("--target-dtype") + 1] = target_dtype
+    assert invoke(args).exit_code == 0
+    rel = 1e-3 if target_dtype == "float32" else 0.1
+    for r16, r32 in zip(rows(out), rows(fp32_run), strict=True):
+        assert r16["loss"] == pytest.approx(r32["loss"], rel=rel)
+    cosines = _update_cosines(out, fp32_run)
+    assert min(cosines.values()) > 0.9, cosines
+
+
 def test_eval_data_and_metrics(a, tmp_path):
     out = tmp_path / "run"
     r = invoke(base_args(a, out, "--max-steps", "2", "--eval-data", str(a / "heldout.jsonl"),
@@ -201,6 +277,16 @@ def test_mismatched_vocab_is_refused_before_compute(a, tmp_path):
     assert (f"{other}: the vocab was made with tokenizer 49152:0123456789abcdef, but the "
             "tokenizer of --target") in r.output and "re-tokenize" not in r.output, r.output
     assert "vocab-select" in r.output and not (tmp_path / "run").exists()
+
+
+def test_target_whose_tokenizer_renames_one_token_is_refused(a, tmp_path):
+    """Same vocab size and ids as the data's tokenizer, one token string different."""
+    args = base_args(a, tmp_path / "run")
+    args[args.index(str(a / "target"))] = str(assets.with_renamed_token(a / "target",
+                                                                        tmp_path / "twin"))
+    r = invoke(args)
+    assert r.exit_code == 3 and "tokenizer" in r.output, r.output
+    assert not (tmp_path / "run").exists()
 
 
 def test_mesh_errors(a, tmp_path):

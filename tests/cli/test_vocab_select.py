@@ -89,6 +89,14 @@ def test_tokenizer_check_records_the_name_and_refuses_another(records, tmp_path)
     assert not (tmp_path / "w.safetensors").exists()
 
 
+def test_tokenizer_with_one_token_renamed_is_refused(records, tmp_path):
+    twin = assets.with_renamed_token(chat_tokenizers.saved("smollm2"), tmp_path / "twin")
+    r = vocab_select("--size", 100, "-i", records, "-o", tmp_path / "v.safetensors",
+                     "--tokenizer", twin)
+    assert r.exit_code == 3 and "the --tokenizer given is" in r.stderr, r.output
+    assert not (tmp_path / "v.safetensors").exists()
+
+
 def test_data_from_two_tokenizers_is_refused(records, tmp_path):
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_bytes(records.read_bytes() + encode(TokenRecord("x", [1], [1],

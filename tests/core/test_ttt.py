@@ -1,11 +1,19 @@
-"""The jitted TTT rollout against a plain, unbatched numpy reference, and causality."""
+"""The jitted TTT rollout against a plain, unbatched numpy reference, and causality.
+
+The reference takes nothing from `ttt`: the target's signals (embeddings, captured states,
+the draft-vocab distribution, argmax, in-draft) come from transformers' torch forward of
+each document on its own, and the rollout is a plain loop in float64.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
 
 from eagle3kit.core import target, ttt
 from eagle3kit.core.config import DraftConfig
@@ -20,9 +28,15 @@ K = 3
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def tiny(tmp_path_factory):
+    """(checkpoint directory, the torch model saved there)."""
     path = tmp_path_factory.mktemp("tiny")
-    assets.tiny_hf_model("llama", path)
+    return path, assets.tiny_hf_model("llama", path)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny):
+    path, _ = tiny
     ckpt = resolve_target(path)
     tcfg = ckpt.config
     tw = load_target(ckpt, make_mesh("data=1", jax.devices()[:1]), jnp.float32)
@@ -51,6 +65,32 @@ def packed_batch(rng, t=24):
 
 # ---- the plain reference ------------------------------------------------------------------
 
+def torch_signals(model, batch, vocab: VocabMap, aux_ids):
+    """The target's signals from transformers, one document at a time (float64 numpy):
+    softmax over the draft-vocab logits (renormalised there), argmax over the whole vocab,
+    in_draft = t2d[argmax]. Padding columns stay zero."""
+    tokens, seg = np.asarray(batch.tokens), np.asarray(batch.segment_ids)
+    b_rows, t_len = tokens.shape
+    d = model.config.hidden_size
+    logits = np.zeros((b_rows, t_len, model.config.vocab_size))
+    aux = np.zeros((b_rows, t_len, len(aux_ids) * d))
+    for b in range(b_rows):
+        for s in set(seg[b].tolist()) - {0}:
+            cols = np.flatnonzero(seg[b] == s)
+            with torch.no_grad():
+                out = model(torch.tensor(tokens[b, cols])[None], output_hidden_states=True)
+            logits[b, cols] = out.logits[0].double().numpy()
+            aux[b, cols] = np.concatenate([out.hidden_states[i][0].double().numpy()
+                                           for i in aux_ids], -1)
+    draft_logits = logits[..., vocab.used_ids]
+    e = np.exp(draft_logits - draft_logits.max(-1, keepdims=True))
+    argmax = logits.argmax(-1)
+    top2 = np.sort(logits, -1)[..., -2:]
+    return dict(
+        embeds_BxTxD=model.model.embed_tokens.weight.double().detach().numpy()[tokens],
+        aux_BxTxA=aux, probs_BxTxVd=e / e.sum(-1, keepdims=True), argmax_BxT=argmax,
+        in_draft_BxT=vocab.t2d[argmax], top2_gap_BxT=top2[..., 1] - top2[..., 0])
+
 
 def rms(x, w, eps):
     return w * (x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps))
@@ -75,13 +115,14 @@ def reference_loss(w, cfg: DraftConfig, sig, batch, used_ids, decay=0.8):
     inv = cfg.rope.inv_freq(hd).astype(np.float64)
     tokens, lmask, seg, pos = (np.asarray(x) for x in (batch.tokens, batch.loss_mask,
                                                        batch.segment_ids, batch.positions))
-    embeds, aux = np.asarray(sig.embeds_BxTxD, np.float64), np.asarray(sig.aux_BxTxA, np.float64)
-    probs, amax = np.asarray(sig.probs_BxTxVd, np.float64), np.asarray(sig.argmax_BxT)
-    in_draft = np.asarray(sig.in_draft_BxT)
+    embeds, aux = sig["embeds_BxTxD"], sig["aux_BxTxA"]
+    probs, amax, in_draft = sig["probs_BxTxVd"], sig["argmax_BxT"], sig["in_draft_BxT"]
     b_rows, t_len = tokens.shape
     ce_sum, valid_sum = np.zeros(K), np.zeros(K)
-    correct = np.zeros(K)
+    correct, cond_total, cond_correct = np.zeros(K), np.zeros(K), np.zeros(K)
+    features = []  # (final-normed h, the target's argmax) of every valid position
     for b in range(b_rows):
+        all_right = np.ones(t_len, bool)  # steps 0..k-1 all right at column t
         hidden = [aux[b, t] @ w["fc"] for t in range(t_len)]
         keys, vals = [], []
         for k in range(K):
@@ -120,31 +161,79 @@ def reference_loss(w, cfg: DraftConfig, sig, batch, used_ids, decay=0.8):
                 valid = (t + k < t_len and lmask[b, t + k] > 0 and j < t_len
                          and seg[b, j] == seg[b, t])
                 if not valid:
+                    all_right[t] = False
                     continue
-                logits = rms(h, w["final_norm"], eps) @ w["lm_head"]
+                features.append((rms(h, w["final_norm"], eps), amax[b, j]))
+                logits = features[-1][0] @ w["lm_head"]
                 logp = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
                 valid_sum[k] += 1
                 if in_draft[b, j]:
                     ce_sum[k] += -(probs[b, j] * logp).sum()
-                correct[k] += used_ids[np.argmax(logits)] == amax[b, j]
+                right = used_ids[np.argmax(logits)] == amax[b, j]
+                correct[k] += right
+                cond_total[k] += all_right[t]
+                cond_correct[k] += all_right[t] and right
+                all_right[t] &= right
             hidden = new_hidden
     loss = sum(decay ** k * ce_sum[k] / max(valid_sum[k], 1) for k in range(K))
-    return loss, valid_sum, correct
+    return loss, valid_sum, correct, cond_total, cond_correct, features
 
 
-def test_rollout_matches_plain_reference(setup):
+def test_target_signals_match_torch(setup, tiny):
+    """fp32 JAX vs fp32 torch on the same weights: about 1e-6 relative (summation order);
+    the probabilities are held to 1e-5 absolute, far below the ~1e-2 that a softmax over
+    the whole vocab restricted to the draft ids (not renormalised) would be off by."""
+    tcfg, tw, dcfg, _, vocab = setup
+    batch = packed_batch(np.random.default_rng(1))
+    sig = jax.jit(lambda b: ttt.target_signals(tw, tcfg, dcfg, ttt.VocabArrays.from_map(vocab),
+                                               b))(batch)
+    ref = torch_signals(tiny[1], batch, vocab, dcfg.aux_layer_ids)
+    real = np.asarray(batch.segment_ids) > 0
+    # argmax and in_draft compared exactly: no near-tie among the real columns
+    assert ref["top2_gap_BxT"][real].min() > 1e-4
+    np.testing.assert_array_equal(np.asarray(sig.argmax_BxT)[real], ref["argmax_BxT"][real])
+    np.testing.assert_array_equal(np.asarray(sig.in_draft_BxT)[real], ref["in_draft_BxT"][real])
+    assert 0 < ref["in_draft_BxT"][real].mean() < 1
+    np.testing.assert_allclose(np.asarray(sig.probs_BxTxVd)[real], ref["probs_BxTxVd"][real],
+                               atol=1e-5)
+    for name in ("embeds_BxTxD", "aux_BxTxA"):
+        got, want = np.asarray(getattr(sig, name))[real], ref[name][real]
+        assert np.abs(got - want).max() <= 2e-5 * np.abs(want).max(), name
+
+
+def fit_head(w, dcfg, sig, batch, vocab):
+    """The draft with its lm_head fitted by least squares to the target's argmax at every
+    step (the hidden states do not depend on the head), so that many draft tokens are right
+    and the conditional counts of later steps are not all zero."""
+    feats = reference_loss(w, dcfg, sig, batch, vocab.used_ids)[-1]
+    x = np.stack([f for f, _ in feats])
+    index = np.cumsum(vocab.t2d) - 1  # target id -> draft index
+    y = np.zeros((len(feats), dcfg.draft_vocab_size))
+    for i, (_, target_id) in enumerate(feats):
+        if vocab.t2d[target_id]:
+            y[i, index[target_id]] = 1.0
+    head = np.linalg.lstsq(x, y, rcond=None)[0]
+    return dataclasses.replace(w, lm_head=jnp.asarray(head, jnp.float32))
+
+
+def test_rollout_matches_plain_reference(setup, tiny):
     tcfg, tw, dcfg, w, vocab = setup
     batch = packed_batch(np.random.default_rng(1))
     va = ttt.VocabArrays.from_map(vocab)
     cfg = ttt.TTTConfig(steps=K, compute_dtype=jnp.float32)
     sig = ttt.target_signals(tw, tcfg, dcfg, va, batch)
-    assert not bool(np.asarray(sig.in_draft_BxT).all()), "some targets must be outside"
+    ref = torch_signals(tiny[1], batch, vocab, dcfg.aux_layer_ids)
+    assert not ref["in_draft_BxT"].all(), "some targets must be outside"
+    w = fit_head(w, dcfg, ref, batch, vocab)
     denominators = ttt.valid_counts(batch, K)
     loss, counts = jax.jit(lambda w: ttt.rollout(w, dcfg, sig, batch, va, cfg, denominators))(w)
-    ref_loss, ref_valid, ref_correct = reference_loss(w, dcfg, sig, batch, vocab.used_ids)
+    ref_loss, ref_valid, ref_correct, ref_cond_total, ref_cond_correct, _ = reference_loss(
+        w, dcfg, ref, batch, vocab.used_ids)
     np.testing.assert_array_equal(np.asarray(counts.total), ref_valid)
     np.testing.assert_array_equal(np.asarray(denominators), ref_valid)
     np.testing.assert_array_equal(np.asarray(counts.correct), ref_correct)
+    np.testing.assert_array_equal(np.asarray(counts.cond_total), ref_cond_total)
+    np.testing.assert_array_equal(np.asarray(counts.cond_correct), ref_cond_correct)
     np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5)
     assert ref_valid.min() > 10
 

@@ -17,3 +17,12 @@ def tiny_dir(tmp_path_factory):
 def tiny(tiny_dir):
     """(target config, target weights, draft config, draft weights, VocabArrays, mesh)."""
     return assets.tiny_target_and_draft(tiny_dir, seed=1)
+
+
+@pytest.fixture(scope="session")
+def accepting_draft(tiny):
+    """A draft trained on the tiny target's greedy continuations (tests/decode/accepting.py)."""
+    from tests.decode import accepting
+
+    tcfg, tw, _, _, _, mesh = tiny
+    return accepting.build(tcfg, tw, mesh)
