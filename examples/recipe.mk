@@ -213,7 +213,8 @@ $(FINAL): $(DIR)/train.jsonl $(DIR)/heldout.jsonl $(DIR)/vocab.safetensors
 	$(strip $(TRAIN) $(if $(wildcard $(RUN)/config.json),--resume))
 
 # 4. eval: teacher-forced on the held-out conversations, then real speculative decoding
-#    (greedy, SPEC_STEPS draft tokens per step) on each prompt set
+#    (greedy, SPEC_STEPS draft tokens per step) on each prompt set. `eval` renders prompts in
+#    the template's default mode (Qwen3: thinking); it has no --thinking flag yet.
 EVAL = $(DEVICE_LOCK) $(E3K) eval --target $(TARGET) --draft $(RUN)/final --dtype $(DTYPE) \
   --target-dtype $(TARGET_DTYPE)
 $(DIR)/eval-heldout.json: $(FINAL) $(DIR)/heldout.jsonl
