@@ -72,7 +72,7 @@ def test_training_table_renders_what_was_recorded(sglang_export):
     text = card.render_card(sglang_export, "my-org/x")
     for row in ("| Hardware | 8 x NVIDIA H100 (mesh data=8,tensor=1) |",
                 "| Training data | mixed-54k.jsonl, 54,000 conversations, 61,234,567 tokens |",
-                "| Epochs | 3 |", "| Optimizer steps | 14,949 |",
+                "| Epochs | 3 |", "| Optimizer steps | 14,949 (4,983 per epoch) |",
                 "| Optimizer | AdamW (betas 0.9, 0.95), weight decay 0, gradient clip 0.5 |",
                 "| Learning rate | 0.0003 peak, 3.0% warmup, final 0 x peak |",
                 "| Batch | B=4, sequence length T=2048, gradient accumulation 2 |",
@@ -96,6 +96,24 @@ def test_absent_training_keys_are_skipped(target, tmp_path):
     assert meta["library_name"] == "vllm" and "speculators" in meta["tags"]
     assert "The short form `vllm serve my-org/x` also works" in text
     assert "sglang.launch_server" not in text
+
+
+def test_python_usage_and_qwen3_thinking_mode(target, sglang_export, tmp_path):
+    text = card.render_card(sglang_export, "my-org/x")
+    assert 'speculative_draft_model_path="my-org/x",\n    speculative_num_steps=3,' in text
+    assert ('speculative_config={"method": "eagle3", "model": "my-org/x", '
+            '"num_speculative_tokens": 3},') in text
+    assert "Thinking mode" not in text and "thinking" not in text.lower()
+    # a Qwen3 target: how to serve in the draft's mode, and the caveat
+    qwen3 = tiny_target(tmp_path / "qwen3", "qwen3")
+    d = make_draft(qwen3, name="Qwen/Qwen3-8B", training={**TRAINING, "max_steps": 4000,
+                                                          "steps": 4000})
+    text = card.render_card(export_draft(d, "speculators", tmp_path / "q"), "my-org/q")
+    assert "### Thinking mode" in text and '"enable_thinking": false' in text
+    assert "Acceptance differs between Qwen3's thinking and non-thinking modes" in text
+    assert "sgl.Engine" not in text and "from vllm import LLM" in text
+    # cut short by --max-steps: the epochs were not all run, so no steps per epoch
+    assert "| Optimizer steps | 4,000 |" in text
 
 
 def test_acceptance_tables(sglang_export, tmp_path):

@@ -78,7 +78,8 @@ def usage(c: CardInputs) -> str:
             f"This is chain drafting ({n} tokens per step). For tree drafting raise "
             "`--speculative-eagle-topk` and `--speculative-num-draft-tokens` together.\n")
     default_layers = c.draft.aux_layer_ids == c.target.default_aux_layer_ids()
-    if c.engine_format == "speculators" or default_layers:
+    vllm = c.engine_format == "speculators" or default_layers
+    if vllm:
         out.append(
             "### vLLM\n\n```bash\n"
             f"vllm serve {target} \\\n    --speculative-config '{{\"method\": \"eagle3\", "
@@ -91,7 +92,33 @@ def usage(c: CardInputs) -> str:
                    "recorded in SGLang's convention, which vLLM does not read. Use the "
                    "speculators export of the same draft with vLLM (`eagle3kit convert ... "
                    "--to speculators`).\n")
+    out.append(_python_usage(c, vllm))
+    if c.target.family == "qwen3":
+        out.append(
+            "### Thinking mode\n\nQwen3 thinks before it answers unless a request turns it "
+            "off. The draft accepts most tokens in the mode its training data was rendered "
+            "in (`eagle3kit tokenize --thinking` or `--no-thinking`); serve in that mode, "
+            "e.g. per request with `\"chat_template_kwargs\": {\"enable_thinking\": false}` "
+            "(SGLang and vLLM's OpenAI-compatible servers) for a non-thinking draft.\n")
     return "\n".join(out)
+
+
+def _python_usage(c: CardInputs, vllm: bool) -> str:
+    n, repo, target = c.speculative_tokens, c.repo_id, c.target_name
+    blocks = []
+    if c.engine_format == "sglang":
+        blocks.append(
+            "import sglang as sgl\n\nengine = sgl.Engine(\n"
+            f"    model_path=\"{target}\",\n    speculative_algorithm=\"EAGLE3\",\n"
+            f"    speculative_draft_model_path=\"{repo}\",\n"
+            f"    speculative_num_steps={n},\n    speculative_eagle_topk=1,\n"
+            f"    speculative_num_draft_tokens={n + 1},\n    dtype=\"{c.serve_dtype}\",\n)\n")
+    if vllm:
+        blocks.append(
+            "from vllm import LLM\n\nllm = LLM(\n"
+            f"    model=\"{target}\",\n    speculative_config={{\"method\": \"eagle3\", "
+            f"\"model\": \"{repo}\", \"num_speculative_tokens\": {n}}},\n)\n")
+    return "### Python\n\n" + "\n".join(f"```python\n{b}```\n" for b in blocks)
 
 
 def _present(t: dict[str, Any], *keys: str) -> bool:
@@ -118,7 +145,11 @@ def _training_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
     if _present(t, "init_from"):
         add("Initialised from", _num(t["init_from"]))
     add("Epochs", _num(t["epochs"]) if _present(t, "epochs") else None)
-    add("Optimizer steps", _num(t["steps"]) if _present(t, "steps") else None)
+    if _present(t, "steps"):
+        # a run that was not cut short by --max-steps spent the same steps on every epoch
+        per_epoch = (f" ({_num(round(t['steps'] / t['epochs']))} per epoch)"
+                     if t.get("epochs") and "max_steps" in t and t["max_steps"] is None else "")
+        add("Optimizer steps", _num(t["steps"]) + per_epoch)
     opt = [_num(t.get("optimizer") or "AdamW")] if _present(t, "b1", "b2") else (
         [_num(t["optimizer"])] if _present(t, "optimizer") else [])
     if opt and _present(t, "b1", "b2"):
@@ -253,6 +284,9 @@ def limitations(c: CardInputs) -> str:
                      f"training tokens ({_pct(d.draft_vocab_size / d.vocab_size)} of the "
                      "vocabulary); other tokens are never drafted, though the target still "
                      "generates them.")
+    if c.target.family == "qwen3":
+        items.append("Acceptance differs between Qwen3's thinking and non-thinking modes; "
+                     "the numbers above hold for the mode the training data was rendered in.")
     if not any(e.temperature for e in c.evals):
         items.append("Speedups at temperature > 0 are usually lower than at temperature 0.")
     return "## Limitations\n\n" + "\n".join(f"- {i}" for i in items) + "\n"
