@@ -213,8 +213,8 @@ $(FINAL): $(DIR)/train.jsonl $(DIR)/heldout.jsonl $(DIR)/vocab.safetensors
 	$(strip $(TRAIN) $(if $(wildcard $(RUN)/config.json),--resume))
 
 # 4. eval: teacher-forced on the held-out conversations, then real speculative decoding
-#    (greedy, SPEC_STEPS draft tokens per step) on each prompt set. `eval` renders prompts in
-#    the template's default mode (Qwen3: thinking); it has no --thinking flag yet.
+#    (greedy, SPEC_STEPS draft tokens per step) on each prompt set, prompts rendered in the
+#    same THINKING mode as the data.
 EVAL = $(DEVICE_LOCK) $(E3K) eval --target $(TARGET) --draft $(RUN)/final --dtype $(DTYPE) \
   --target-dtype $(TARGET_DTYPE)
 $(DIR)/eval-heldout.json: $(FINAL) $(DIR)/heldout.jsonl
@@ -223,7 +223,7 @@ $(DIR)/eval-heldout.json: $(FINAL) $(DIR)/heldout.jsonl
 	mv $@.tmp $@
 
 $(DIR)/eval-%.json: $(FINAL)
-	$(strip $(EVAL) --prompts $* --steps $(SPEC_STEPS) --max-new-tokens $(NEW_TOKENS) \
+	$(strip $(EVAL) --prompts $* --steps $(SPEC_STEPS) --max-new-tokens $(NEW_TOKENS) $(THINKING_FLAG) \
 	  $(call opt,--limit,$(PROMPT_LIMIT)) --mesh $(GENERATE_MESH) \
 	  --samples $(DIR)/samples-$*.jsonl --json) > $@.tmp
 	mv $@.tmp $@

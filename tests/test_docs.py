@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from eagle3kit.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ["mix", "tokenize", "vocab-select", "train", "eval", "convert", "push"]
+COMMANDS = ["mix", "tokenize", "vocab-select", "regenerate", "train", "eval", "convert",
+            "push"]
 
 
 def test_every_command_is_registered_in_pipeline_order():

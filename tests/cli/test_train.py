@@ -136,7 +136,7 @@ def test_same_batch_on_one_device_and_on_a_mesh(a, tmp_path):
         np.testing.assert_allclose(getattr(w1, name), getattr(w2, name), rtol=1e-4, atol=1e-6)
 
 
-def rows(run: Path) -> list[dict]:
+def train_rows(run: Path) -> list[dict]:
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
             if not r.get("eval")]
 
@@ -160,7 +160,7 @@ def test_grad_accum_equals_twice_the_rows(a, fp32_run, tmp_path):
     args = base_args(a, accum, *ONE_DEVICE, "--grad-accum", "2")
     args[args.index("--batch-size") + 1] = "2"
     assert invoke(args).exit_code == 0
-    for r1, r2 in zip(rows(accum), rows(fp32_run), strict=True):
+    for r1, r2 in zip(train_rows(accum), train_rows(fp32_run), strict=True):
         assert r1["step"] == r2["step"]
         assert r1["loss"] == pytest.approx(r2["loss"], rel=1e-5)
         assert r1["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-4)
@@ -203,7 +203,7 @@ def test_bfloat16_trains_like_float32(a, fp32_run, tmp_path, target_dtype):
     args[args.index("--target-dtype") + 1] = target_dtype
     assert invoke(args).exit_code == 0
     rel = 1e-3 if target_dtype == "float32" else 0.1
-    for r16, r32 in zip(rows(out), rows(fp32_run), strict=True):
+    for r16, r32 in zip(train_rows(out), train_rows(fp32_run), strict=True):
         assert r16["loss"] == pytest.approx(r32["loss"], rel=rel)
     cosines = _update_cosines(out, fp32_run)
     assert min(cosines.values()) > 0.9, cosines

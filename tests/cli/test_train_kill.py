@@ -116,7 +116,6 @@ def test_killed_twice_and_resumed_equals_uninterrupted(killed, uninterrupted):
     assert losses == {r["step"]: r["loss"] for r in train_rows(uninterrupted)}
 
 
-@pytest.mark.xfail(strict=True, reason="issue #16: `train --resume` keeps the metrics rows "
-                   "logged after the checkpoint it resumes from, so those steps appear twice")
 def test_metrics_hold_every_step_once_after_kills(killed):
+    """`--resume` cuts metrics.jsonl back to the checkpoint it resumes from (issue #16)."""
     assert [r["step"] for r in train_rows(killed)] == list(range(1, STEPS + 1))

@@ -53,6 +53,10 @@ def eval_cmd(
     target_dtype: TargetDtype = "bfloat16",
     attention: Attention = "auto",
     seed: Seed = 0,
+    thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Generation, "
+                                         "Qwen3-style templates: render prompts in thinking or "
+                                         "non-thinking mode (the mode you serve). Default: the "
+                                         "template's."),
 ) -> None:
     """Measure how many tokens a draft gets accepted by its target.
 
@@ -78,7 +82,7 @@ def eval_cmd(
         max_new_tokens=max_new_tokens, temperature=temperature, limit=limit,
         batch_size=batch_size, seq_len=seq_len, mesh=mesh, dtype=dtype,
         target_dtype=target_dtype, attention=attention, seed=seed,
-        samples=str(samples) if samples is not None else None)
+        samples=str(samples) if samples is not None else None, thinking=thinking)
     result = run(cfg, console)
     print_report(console, result)
     if plot is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.cli._params import Mesh, Seed, Target, TargetDtype
 
 EXAMPLE = """
 eagle3kit mix sharegpt.json -n 2000 --seed 0 \\
@@ -19,8 +20,7 @@ eagle3kit regenerate --target Qwen/Qwen3-8B --no-thinking --endpoint http://127.
 
 @handle_errors
 def regenerate(
-    target: str = typer.Option(..., help="Target model: HF directory, .gguf file or Hub id "
-                               "(with --endpoint: its tokenizer and the model's name)."),
+    target: Target,
     input: str = typer.Option("-", "-i", "--input", help="Chat records (JSONL, from `mix`); "
                               "'-' = stdin."),
     out: str = typer.Option("-", "-o", "--out", help="Regenerated chat records (JSONL, what "
@@ -30,8 +30,7 @@ def regenerate(
                                       "draft data); above 0, sampling."),
     top_p: float = typer.Option(1.0, "--top-p", help="Sampling: keep the smallest set of "
                                 "tokens holding this much probability."),
-    seed: int = typer.Option(0, help="Seed of sampling; each turn draws from its own stream, "
-                             "so results do not depend on batching or resuming."),
+    seed: Seed = 0,
     max_new_tokens: int = typer.Option(2048, "--max-new-tokens", help="Longest answer; a "
                                        "longer one is cut, kept and marked 'length'."),
     max_context: int | None = typer.Option(None, "--max-context", help="Longest prompt + "
@@ -62,16 +61,14 @@ def regenerate(
                               "(KV cache rows); freed rows are refilled at once."),
     sync_every: int = typer.Option(32, "--sync-every", min=1, help="Local engine: decoding "
                                    "steps per device program between host syncs."),
-    mesh: str | None = typer.Option(None, help="Local engine: data=D,tensor=T (slots split "
-                                    "over data, the target's heads over tensor; default: all "
-                                    "devices on data)."),
-    target_dtype: str = typer.Option("bfloat16", "--target-dtype", help="Target weights: "
-                                     "bfloat16 or float32."),
+    mesh: Mesh = None,
+    target_dtype: TargetDtype = "bfloat16",
     endpoint: str | None = typer.Option(None, help="Generate through an OpenAI-compatible "
                                         "server (vLLM, SGLang) at this base URL instead of "
                                         "loading the target here."),
     model: str | None = typer.Option(None, help="--endpoint: the model name to ask for "
-                                     "(default: the server's first model)."),
+                                     "(default: the server's first model; --target names the "
+                                     "run in the records when the server lists none)."),
     concurrency: int = typer.Option(16, min=1, help="--endpoint: conversations in flight."),
     timeout: float = typer.Option(600.0, min=1.0, help="--endpoint: seconds per request."),
     retries: int = typer.Option(5, min=0, help="--endpoint: retries of a failed request "

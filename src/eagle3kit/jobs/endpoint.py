@@ -29,6 +29,7 @@ from eagle3kit.data.records import ChatRecord, GenerationInfo
 from eagle3kit.decode import conversations as conv
 from eagle3kit.errors import ResourceError
 from eagle3kit.jobs import regenerate as job
+from eagle3kit.jobs.preempt import Preempted, Preemption
 
 
 class Refused(Exception):
@@ -154,7 +155,7 @@ def run(cfg, records: list[ChatRecord], done: collections.Counter,
                for _ in range(min(cfg.concurrency, len(work)))]
     progress = job.Progress(console, len(work))
     try:
-        with job.output_stream(cfg) as stream, job.stop_on_signals() as stopping, progress:
+        with job.output_stream(cfg) as stream, Preemption(console.print) as stop, progress:
             writer = job.OrderedWriter(stream)
             runner = job.Runner(cfg, work, None, info, writer, counts, progress)
             for t in threads:
@@ -162,9 +163,9 @@ def run(cfg, records: list[ChatRecord], done: collections.Counter,
             try:
                 for _ in range(len(work)):
                     while True:
-                        if (why := stopping()) is not None:
-                            raise job.Interrupted(f"{why}: stopped; finished conversations "
-                                                  "are written, --resume continues")
+                        if stop.requested:
+                            raise Preempted(f"{stop.name}: stopped; finished conversations "
+                                            "are written, --resume continues")
                         try:
                             w, error = results.get(timeout=0.2)
                             break

@@ -27,9 +27,10 @@ from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.core.trainer import Trainer
+from eagle3kit.data.chat import prompt_ids
 from eagle3kit.data.fingerprint import Fingerprint
 from eagle3kit.data.packing import TokenDocs
-from eagle3kit.data.prompts import PromptSet, load_prompts, prompt_ids
+from eagle3kit.data.prompts import PromptSet, load_prompts
 from eagle3kit.data.records import GenerationSample, TokenRecord, display_name, encode
 from eagle3kit.decode.conversations import Dialogue, Turn
 from eagle3kit.decode.runner import Decoder, acceptance_summary, bucket
@@ -63,6 +64,7 @@ class EvalConfig:
     attention: str = "auto"
     seed: int = 0
     samples: str | None = None
+    thinking: bool | None = None  # Qwen3-style templates: the mode prompts are rendered in
 
     @property
     def resolved_mode(self) -> str:
@@ -171,7 +173,10 @@ def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg:
     """Decodes every turn speculatively and plainly; returns the summary and the samples."""
     context = tcfg.max_position_embeddings
     dialogues = [Dialogue.from_user_turns(c.turns, c.system) for c in prompts.conversations]
-    firsts = [prompt_ids(tokenizer, d.prompt()) for d in dialogues]
+    def render(messages):  # in the reasoning mode that will be served
+        return prompt_ids(tokenizer, messages, thinking=cfg.thinking)
+
+    firsts = [render(d.prompt()) for d in dialogues]
     for conv, ids in zip(prompts.conversations, firsts, strict=True):  # fail before compiling
         _check_context(conv.id, 1, len(ids), cfg.max_new_tokens, context, prompts.name)
     samples: list[GenerationSample] = []
@@ -183,7 +188,7 @@ def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg:
                                                  strict=True)):
             # the conversation loop `regenerate` runs too: each turn sees the earlier answers
             for turn in range(len(conv.turns)):
-                ids = firsts[c] if turn == 0 else prompt_ids(tokenizer, dialogue.prompt())
+                ids = firsts[c] if turn == 0 else render(dialogue.prompt())
                 _check_context(conv.id, turn + 1, len(ids), cfg.max_new_tokens, context,
                                prompts.name)
                 seconds = decoder.prepare(len(ids))

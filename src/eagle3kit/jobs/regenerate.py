@@ -6,7 +6,7 @@ total is known), then answered turn by turn (decode/conversations.py) by the bat
 input order as soon as every conversation before them is done, flushed at once and fsynced
 every few seconds: a kill loses at most the conversations in flight, and `--resume` skips the
 ids already in the output (repairing a torn last line) and continues. SIGINT and SIGTERM stop
-at the next sync, keep what is written and exit 75, like `train --time-limit`.
+at the next sync, keep what is written and exit 75, like `train` (jobs/preempt.py).
 
 Sharding across hosts (`--shard I/N`): process I takes the I-th contiguous block of the input,
 so `cat` of the N outputs in order is the whole run in input order.
@@ -20,10 +20,9 @@ import dataclasses
 import hashlib
 import json
 import os
-import signal
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,15 +41,10 @@ from eagle3kit.data.records import (
 from eagle3kit.decode import conversations as conv
 from eagle3kit.errors import InputError, MismatchError, UserError
 from eagle3kit.jobs import common
+from eagle3kit.jobs.preempt import Preempted, Preemption
 
 TURNS = ("all", "first")
 DEFAULT_CONTEXT = 4096  # prompt + answer; the KV cache holds --slots rows of this many
-
-
-class Interrupted(UserError):
-    """SIGINT/SIGTERM: what was finished is written; `--resume` continues (exit 75)."""
-
-    exit_code = 75
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,22 +231,6 @@ def output_stream(cfg: RegenerateConfig) -> Iterator[IO[bytes]]:
     fsync_dir(path.parent)
 
 
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[Callable[[], str | None]]:
-    """SIGINT/SIGTERM set a flag (the loop stops at its next sync); yields a probe of it."""
-    hit: list[str] = []
-
-    def handler(signum, frame):
-        hit.append(signal.Signals(signum).name)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield lambda: hit[0] if hit else None
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 # ---- the run -----------------------------------------------------------------------------------
 
 
@@ -349,8 +327,8 @@ class Runner:
         self.counts.truncated_turns += reason == "length"
 
 
-def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int],
-               stopping: Callable[[], str | None]) -> None:
+def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int], stop: Preemption
+               ) -> None:
     """Local generation: keeps the engine's rows full, next turns of started conversations
     first (so finished records leave the reorder buffer soon)."""
     from eagle3kit.decode.engine import Request
@@ -375,9 +353,9 @@ def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int],
 
     top_up()
     while queue or engine.busy:
-        if (why := stopping()) is not None:
-            raise Interrupted(f"{why}: stopped; finished conversations are written, "
-                              "--resume continues")
+        if stop.requested:
+            raise Preempted(f"{stop.name}: stopped; finished conversations are written, "
+                            "--resume continues")
         for c in engine.step(queue):
             w, ids = c.handle
             runner.answered(w, conv.answer_text(tokenizer, c.tokens, stop_ids), len(ids),
@@ -490,11 +468,11 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
     engine = make_engine(cfg, ckpt, stops, console)
     progress = Progress(console, len(work))
     try:
-        with output_stream(cfg) as stream, stop_on_signals() as stopping, progress:
+        with output_stream(cfg) as stream, Preemption(console.print) as stop, progress:
             writer = OrderedWriter(stream)
             runner = Runner(cfg, work, renderer, info, writer, counts, progress)
             try:
-                run_engine(runner, engine, tokenizer, stops, stopping)
+                run_engine(runner, engine, tokenizer, stops, stop)
             finally:
                 writer.sync()
     finally:
