@@ -31,8 +31,8 @@ from tests import assets, smollm2_draft
 
 runner = CliRunner()
 CONTRACT = {"mode", "dataset", "acc", "cond_acc", "tau", "masked_tokens"}
-GENERATE = CONTRACT | {"tau_generate", "accept_rate", "speedup", "tokens_per_s_speculative",
-                       "tokens_per_s_baseline", "device", "steps", "temperature", "prompts",
+GENERATE = CONTRACT | {"tau_generate", "tau_pooled", "tau_per_request_mean", "accept_rate",
+                       "speedup", "tokens_per_s_speculative", "tokens_per_s_baseline", "device", "steps", "temperature", "prompts",
                        "new_tokens"}
 FP32 = ["--dtype", "float32", "--target-dtype", "float32"]
 
@@ -142,6 +142,10 @@ def test_generate_from_a_prompt_file_with_samples_and_plot(tiny, tmp_path):
     # tau is tokens per target forward, from exactly the accepted lengths written
     steps = [a_ for s in records for a_ in s.accept_lengths]
     assert result["tau_generate"] == pytest.approx(sum(x + 1 for x in steps) / len(steps))
+    assert result["tau_pooled"] == result["tau_generate"]
+    per_request = [np.mean(np.asarray(s.accept_lengths) + 1) for s in records
+                   if s.accept_lengths]
+    assert result["tau_per_request_mean"] == pytest.approx(np.mean(per_request), abs=1e-6)
     assert result["verify_steps"] == len(steps)
     assert result["new_tokens"] == sum(len(s.generated_ids) for s in records)
     assert result["identical_to_baseline"] == 3  # fp32: greedy is lossless

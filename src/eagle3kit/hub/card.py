@@ -48,7 +48,9 @@ class EvalResult(msgspec.Struct, forbid_unknown_fields=False):
     cond_acc: list[float] = []
     accept_rate: list[float] = []  # generate: share of verify steps accepting token k
     tau: float | None = None
-    tau_generate: float | None = None
+    tau_generate: float | None = None  # = tau_pooled (the older name)
+    tau_pooled: float | None = None
+    tau_per_request_mean: float | None = None
     speedup: float | None = None
     tokens_per_s_speculative: float | None = None
     tokens_per_s_baseline: float | None = None
