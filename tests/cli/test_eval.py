@@ -230,11 +230,35 @@ def test_prompt_longer_than_the_context_is_refused(tiny, tmp_path):
     (["--mode", "sideways"], "--mode 'sideways'"),
     (["--prompts", "mt-bench"], "--data is scored teacher-forced"),
     (["--temperature", "-1"], "--temperature"),
+    (["--topk", "4"], "--topk and --draft-tokens shape the draft trees"),
 ])
 def test_option_mistakes(tiny, args, message):
     a, draft = tiny
     r = invoke(tf_args(a, draft, a / "heldout.jsonl", *args))
     assert r.exit_code == 2 and message in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--topk", "2", "--temperature", "0.7"], "verifies greedily only"),
+    (["--draft-tokens", "9"], "--steps 3 --topk 1 --draft-tokens 9: a chain"),
+    (["--topk", "2", "--draft-tokens", "12"], "outside 2..11"),
+])
+def test_tree_shape_mistakes(tiny, args, message):
+    a, draft = tiny
+    r = invoke(gen_args(a, draft, "mt-bench", *args))
+    assert r.exit_code == 2 and message in r.output
+
+
+def test_generate_with_draft_trees_is_lossless(tiny, tmp_path):
+    a, draft = tiny
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": 7, "turns": ["Count to three."]}) + "\n")
+    r = invoke(gen_args(a, draft, prompts, "--topk", 3, "--draft-tokens", 8, "--json"))
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout)
+    assert (result["steps"], result["topk"], result["draft_tokens"]) == (3, 3, 8)
+    assert result["identical_to_baseline"] == 1  # fp32 greedy trees are lossless
+    assert "top-3, 8 tokens verified per step" in r.stderr
 
 
 def test_bad_records_name_file_and_line(tiny, tmp_path):

@@ -61,6 +61,7 @@ class Decoder:
 
     def __init__(self, tcfg: TargetConfig, dcfg: DraftConfig, target_w: Any, draft_w: Any,
                  vocab: VocabArrays, dec: DecodeConfig, stop_ids: Sequence[int], mesh: Mesh):
+        dec.check()
         self.tcfg, self.dcfg, self.dec, self.mesh = tcfg, dcfg, dec, mesh
         self.target_w, self.draft_w, self.vocab = target_w, draft_w, vocab
         self.stop_ids = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
@@ -74,8 +75,8 @@ class Decoder:
 
     def cache_len(self, padded: int) -> int:
         # every write stays inside: the last verify starts below prompt + max_new - 1 and
-        # writes K+1 tokens; a multiple of 128 keeps the attention shapes friendly
-        need = padded + self.dec.max_new_tokens + self.dec.steps + 2
+        # writes max(K+1, N) tokens; a multiple of 128 keeps the attention shapes friendly
+        need = padded + self.dec.max_new_tokens + max(self.dec.steps, self.dec.nodes) + 2
         return -(-need // 128) * 128
 
     def _call(self, kind: str, prompt: Sequence[int], limit: int, seed: int):

@@ -66,9 +66,16 @@ def print_report(console, r: dict[str, Any]) -> None:
         lines.append(f"speculative {r['tokens_per_s_speculative']:,.1f} tok/s vs plain "
                      f"{r['tokens_per_s_baseline']:,.1f} tok/s: [bold]{r['speedup']:.2f}x"
                      f"[/bold] on {r['device']} (temperature {r['temperature']:g}, "
-                     f"{r['steps']} draft tokens per step)")
+                     f"{_drafting(r)})")
     for line in lines:
         console.print(line)
+
+
+def _drafting(r) -> str:
+    if r.get("topk", 1) == 1:
+        return f"{r['steps']} draft tokens per step"
+    return (f"trees of depth {r['steps']}, top-{r['topk']}, {r['draft_tokens']} tokens "
+            "verified per step")
 
 
 def _at(values, k):

@@ -51,6 +51,8 @@ class EvalConfig:
     prompts: str | None = None  # prompt set name or JSONL file (generate)
     mode: str | None = None  # default: generate with --prompts, else teacher-forced
     steps: int = 7
+    topk: int = 1  # generate: children per tree node (1: chain)
+    draft_tokens: int | None = None  # generate: tree nodes verified, root included
     max_new_tokens: int = 256
     temperature: float = 0.0
     limit: int | None = None  # first N conversations of the prompt set
@@ -79,6 +81,9 @@ def check_config(cfg: EvalConfig) -> None:
                             "`eagle3kit tokenize`); for generation pass --prompts")
         if cfg.prompts or cfg.samples:
             raise UserError("--prompts and --samples belong to --mode generate")
+        if cfg.topk != 1 or cfg.draft_tokens is not None:
+            raise UserError("--topk and --draft-tokens shape the draft trees of --mode "
+                            "generate; teacher-forced scoring rolls out chains of --steps")
     else:
         if not cfg.prompts:
             raise UserError("--mode generate needs --prompts (mt-bench, humaneval or a JSONL "
@@ -91,6 +96,16 @@ def check_config(cfg: EvalConfig) -> None:
             raise UserError(f"{name} {value!r}: choose {' or '.join(common.DTYPES)}")
     if cfg.temperature < 0:
         raise UserError(f"--temperature {cfg.temperature}: must be >= 0 (0 is greedy)")
+    try:
+        decode_config(cfg).check()
+    except ValueError as e:
+        raise UserError(f"--steps {cfg.steps} --topk {cfg.topk} --draft-tokens "
+                        f"{decode_config(cfg).nodes}: {e}") from None
+
+
+def decode_config(cfg: EvalConfig) -> DecodeConfig:
+    return DecodeConfig(cfg.steps, cfg.max_new_tokens, cfg.temperature, cfg.topk,
+                        cfg.draft_tokens)
 
 
 def run(cfg: EvalConfig, console) -> dict[str, Any]:
@@ -136,7 +151,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
         return {"mode": "teacher-forced", "dataset": display_name(cfg.data), **tf, **base}
 
     decoder = Decoder(tcfg, draft.config, target_w, draft_lib.cast(params, dtype), vocab_dev,
-                      DecodeConfig(cfg.steps, cfg.max_new_tokens, cfg.temperature),
+                      decode_config(cfg),
                       stop_ids(tokenizer, ckpt), mesh)
     gen, samples = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
     # the same text, teacher-forced: the estimate next to what generation measured
@@ -151,6 +166,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
             for s in samples:
                 f.write(encode(s))
     return {"mode": "generate", "dataset": prompts.name, **tf, **gen, **base,
+            "topk": cfg.topk, "draft_tokens": decoder.dec.nodes,
             "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
 
 
