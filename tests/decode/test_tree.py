@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from eagle3kit.core import draft as draft_lib
 from eagle3kit.core import target
 from eagle3kit.decode import draft_cache, tree
 from eagle3kit.decode.runner import Decoder
@@ -138,29 +139,38 @@ def test_committing_a_path_leaves_the_cache_of_that_sequence(tiny, prefilled):
     np.testing.assert_allclose(got.v[:, :, :12], ref.v[:, :, :12], atol=2e-5)
 
 
-def test_a_top1_tree_drafts_the_chain(tiny):
-    """k = 1: the tree's draft entries attend as the chain's cache slots do."""
-    tcfg, tw, dcfg, w, vocab, _ = tiny
+@pytest.fixture(scope="module")
+def draft_state(tiny):
+    """(n, the draft's h of column n-1, its cache): 9 committed columns of random states."""
+    tcfg, tw, dcfg, w, *_ = tiny
     rng = np.random.default_rng(4)
     n = 9
     aux = jnp.asarray(rng.normal(size=(1, n, 3 * tcfg.hidden_size)), jnp.float32)
     nxt = jnp.asarray(rng.integers(0, 96, (1, n)), jnp.int32)
     cache = draft_cache.DraftKV.zeros(dcfg, 1, 32, jnp.float32)
     h, cache = draft_cache.extend(w, dcfg, tw, aux, nxt, jnp.int32(0), cache)
-    chain = jax.jit(lambda h, c: _draft_chain(w, dcfg, tw, vocab, h, jnp.int32(n), c,
-                                              jax.random.key(0), 5, 0.0)[0])
-    drafted = jax.jit(lambda h, c: tree.draft_tree(w, dcfg, tw, vocab, h, nxt[0, -1],
-                                                   jnp.int32(n), c, steps=5, topk=1, nodes=6))
-    idx, t = chain(h[:, -1:], cache), drafted(h[:, -1:], cache)
+    return n, h[:, -1:], cache
+
+
+def test_a_top1_tree_drafts_the_chain(tiny, draft_state):
+    """k = 1: the tree's draft entries attend as the chain's cache slots do."""
+    _, tw, dcfg, w, vocab, _ = tiny
+    n, h_last, cache = draft_state
+    idx, _, _ = jax.jit(lambda h: _draft_chain(w, dcfg, tw, vocab, h, jnp.int32(n), cache,
+                                               jax.random.key(0), 5, 0.0))(h_last)
+    t = jax.jit(lambda h: tree.draft_tree(w, dcfg, tw, vocab, h, jnp.int32(ROOT),
+                                          jnp.int32(n), cache, steps=5, topk=1,
+                                          nodes=6))(h_last)
     assert np.asarray(t.tokens[1:]).tolist() == np.asarray(vocab.draft_to_target[idx]).tolist()
     assert np.asarray(t.depth).tolist() == list(range(6))
 
 
-@pytest.mark.parametrize("steps,topk,nodes", [(3, 2, 6), (2, 8, 40)])
-def test_tree_greedy_decoding_equals_plain_greedy(tiny, steps, topk, nodes):
+def test_tree_greedy_decoding_equals_plain_greedy(tiny):
+    """A wide tree catches a few tokens even from a random draft, so committed paths are
+    exercised (the CLI test runs k = 3, test_smollm2.py the real target at 5/4/8)."""
     tcfg, tw, dcfg, w, vocab, mesh = tiny
     base = Decoder(tcfg, dcfg, tw, w, vocab, DecodeConfig(steps=3, max_new_tokens=32), [], mesh)
-    dec = DecodeConfig(steps=steps, max_new_tokens=32, topk=topk, draft_tokens=nodes)
+    dec = DecodeConfig(steps=2, max_new_tokens=32, topk=8, draft_tokens=40)
     decoder = Decoder(tcfg, dcfg, tw, w, vocab, dec, [], mesh)
     accepted = 0
     for seed in range(2):
@@ -169,8 +179,7 @@ def test_tree_greedy_decoding_equals_plain_greedy(tiny, steps, topk, nodes):
         assert r.generated_ids == base.plain(prompt).generated_ids
         assert 1 + sum(a + 1 for a in r.accept_lengths) >= 32
         accepted += sum(r.accept_lengths)
-    if topk == 8:
-        assert accepted > 0  # a wide tree catches a few tokens even from a random draft
+    assert accepted > 0
 
 
 def test_tree_shapes_sglang_refuses_are_refused():
@@ -180,3 +189,37 @@ def test_tree_shapes_sglang_refuses_are_refused():
         with pytest.raises(ValueError, match=why):
             bad.check()
     DecodeConfig(steps=2, topk=2, draft_tokens=7).check()
+
+
+def test_tree_children_are_the_top_k_of_the_chain_along_their_path(tiny, draft_state):
+    """k = 2, S = 3, every candidate kept: the children of each expanded node are the top-2
+    of the draft run as a plain chain (draft_cache.chain_step) along that node's path, scored
+    the parent's score plus their log-probability: each tree entry saw exactly its
+    ancestors' entries (not its siblings' or cousins')."""
+    _, tw, dcfg, w, vocab, _ = tiny
+    n, h_last, cache = draft_state
+    t = jax.jit(lambda h: tree.draft_tree(w, dcfg, tw, vocab, h, jnp.int32(ROOT), jnp.int32(n),
+                                          cache, steps=3, topk=2, nodes=11))(h_last)
+    tokens, parent = np.asarray(t.tokens).tolist(), np.asarray(t.parent).tolist()
+    step = jax.jit(lambda h, tok, pos, c: draft_cache.chain_step(w, dcfg, tw, h, tok, pos, c))
+    expanded = 0
+    for node in range(11):
+        children = {tokens[u] for u in range(1, 11) if parent[u] == node}
+        if not children:
+            continue
+        path = [node]
+        while path[-1]:
+            path.append(parent[path[-1]])
+        hid, c = h_last, cache
+        logits = draft_lib.head(w, dcfg, h_last)
+        for i, u in enumerate(reversed(path[:-1]), start=1):  # the root's children first
+            logits, hid, c = step(hid, jnp.asarray([[tokens[u]]]), jnp.int32(n - 1 + i), c)
+        logp = np.asarray(jax.nn.log_softmax(logits[0, -1]))
+        best = np.argsort(-logp, kind="stable")[:2]
+        assert children == {int(vocab.draft_to_target[b]) for b in best}, node
+        for u in (u for u in range(1, 11) if parent[u] == node):  # cumulative log-probs
+            d = int(np.flatnonzero(np.asarray(vocab.draft_to_target) == tokens[u])[0])
+            np.testing.assert_allclose(t.score[u], t.score[node] + logp[d], atol=1e-5)
+        expanded += 1
+    assert expanded == 1 + 2 + 2  # the root, both step-0 nodes, the two best of step 1
+

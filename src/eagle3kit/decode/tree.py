@@ -52,6 +52,7 @@ class Tree:
     parent: Any  # N int32; parent[0] = 0
     ancestors: Any  # N,N bool: ancestors[t, u] = u is t or an ancestor of t
     depth: Any  # N int32: edges from the root
+    score: Any  # N float32: cumulative draft log-probability (the root's 0)
 
 
 def candidate_count(steps: int, topk: int) -> int:
@@ -76,7 +77,8 @@ def build(root: jax.Array, cand_tokens_M: jax.Array, cand_parent_M: jax.Array,
 
     ancestors, _ = jax.lax.scan(add, eye, jnp.arange(1, nodes))
     tokens = jnp.concatenate([root[None].astype(jnp.int32), cand_tokens_M[chosen]])
-    return Tree(tokens, parent, ancestors, ancestors.sum(-1).astype(jnp.int32) - 1)
+    score = jnp.concatenate([jnp.zeros(1, jnp.float32), cand_score_M[chosen]])
+    return Tree(tokens, parent, ancestors, ancestors.sum(-1).astype(jnp.int32) - 1, score)
 
 
 def accept_greedy(target_logits_NxV: jax.Array, tree: Tree, steps: int
