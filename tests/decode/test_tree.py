@@ -16,7 +16,7 @@ from eagle3kit.core import draft as draft_lib
 from eagle3kit.core import target
 from eagle3kit.decode import draft_cache, tree
 from eagle3kit.decode.runner import Decoder
-from eagle3kit.decode.speculative import DecodeConfig, _draft_chain
+from eagle3kit.decode.speculative import DecodeConfig
 
 # S = 3 steps of top-2: step 0 proposes 0, 1; step 1 expands both (2..5); step 2 expands the
 # two best of those, 2 (-0.3) and 4 (-1.2), into 6..9. (token, parent candidate, score)
@@ -152,45 +152,6 @@ def draft_state(tiny):
     return n, h[:, -1:], cache
 
 
-def test_a_top1_tree_drafts_the_chain(tiny, draft_state):
-    """k = 1: the tree's draft entries attend as the chain's cache slots do."""
-    _, tw, dcfg, w, vocab, _ = tiny
-    n, h_last, cache = draft_state
-    idx, _, _ = jax.jit(lambda h: _draft_chain(w, dcfg, tw, vocab, h, jnp.int32(n), cache,
-                                               jax.random.key(0), 5, 0.0))(h_last)
-    t = jax.jit(lambda h: tree.draft_tree(w, dcfg, tw, vocab, h, jnp.int32(ROOT),
-                                          jnp.int32(n), cache, steps=5, topk=1,
-                                          nodes=6))(h_last)
-    assert np.asarray(t.tokens[1:]).tolist() == np.asarray(vocab.draft_to_target[idx]).tolist()
-    assert np.asarray(t.depth).tolist() == list(range(6))
-
-
-def test_tree_greedy_decoding_equals_plain_greedy(tiny):
-    """A wide tree catches a few tokens even from a random draft, so committed paths are
-    exercised (the CLI test runs k = 3, test_smollm2.py the real target at 5/4/8)."""
-    tcfg, tw, dcfg, w, vocab, mesh = tiny
-    base = Decoder(tcfg, dcfg, tw, w, vocab, DecodeConfig(steps=3, max_new_tokens=32), [], mesh)
-    dec = DecodeConfig(steps=2, max_new_tokens=32, topk=8, draft_tokens=40)
-    decoder = Decoder(tcfg, dcfg, tw, w, vocab, dec, [], mesh)
-    accepted = 0
-    for seed in range(2):
-        prompt = [int(x) for x in np.random.default_rng(seed).integers(0, 96, 11)]
-        r = decoder.speculative(prompt)
-        assert r.generated_ids == base.plain(prompt).generated_ids
-        assert 1 + sum(a + 1 for a in r.accept_lengths) >= 32
-        accepted += sum(r.accept_lengths)
-    assert accepted > 0
-
-
-def test_tree_shapes_sglang_refuses_are_refused():
-    for bad, why in ((DecodeConfig(steps=3, topk=1, draft_tokens=6), "chain"),
-                     (DecodeConfig(steps=2, topk=2, draft_tokens=8), "outside 2..7"),
-                     (DecodeConfig(steps=3, topk=2, temperature=0.7), "greedily")):
-        with pytest.raises(ValueError, match=why):
-            bad.check()
-    DecodeConfig(steps=2, topk=2, draft_tokens=7).check()
-
-
 def test_tree_children_are_the_top_k_of_the_chain_along_their_path(tiny, draft_state):
     """k = 2, S = 3, every candidate kept: the children of each expanded node are the top-2
     of the draft run as a plain chain (draft_cache.chain_step) along that node's path, scored
@@ -223,3 +184,28 @@ def test_tree_children_are_the_top_k_of_the_chain_along_their_path(tiny, draft_s
         expanded += 1
     assert expanded == 1 + 2 + 2  # the root, both step-0 nodes, the two best of step 1
 
+
+def test_tree_greedy_decoding_equals_plain_greedy(tiny):
+    """A wide tree catches a few tokens even from a random draft, so committed paths are
+    exercised (the CLI test runs k = 3, test_smollm2.py the real target at 5/4/8)."""
+    tcfg, tw, dcfg, w, vocab, mesh = tiny
+    base = Decoder(tcfg, dcfg, tw, w, vocab, DecodeConfig(steps=3, max_new_tokens=32), [], mesh)
+    dec = DecodeConfig(steps=2, max_new_tokens=32, topk=8, draft_tokens=40)
+    decoder = Decoder(tcfg, dcfg, tw, w, vocab, dec, [], mesh)
+    accepted = 0
+    for seed in range(2):
+        prompt = [int(x) for x in np.random.default_rng(seed).integers(0, 96, 11)]
+        r = decoder.speculative(prompt)
+        assert r.generated_ids == base.plain(prompt).generated_ids
+        assert 1 + sum(a + 1 for a in r.accept_lengths) >= 32
+        accepted += sum(r.accept_lengths)
+    assert accepted > 0
+
+
+def test_tree_shapes_sglang_refuses_are_refused():
+    for bad, why in ((DecodeConfig(steps=3, topk=1, draft_tokens=6), "chain"),
+                     (DecodeConfig(steps=2, topk=2, draft_tokens=8), "outside 2..7"),
+                     (DecodeConfig(steps=3, topk=2, temperature=0.7), "greedily")):
+        with pytest.raises(ValueError, match=why):
+            bad.check()
+    DecodeConfig(steps=2, topk=2, draft_tokens=7).check()

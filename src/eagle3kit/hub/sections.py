@@ -205,7 +205,11 @@ def performance(c: CardInputs) -> str:
                    ("Speedup", e.speedup, "{:.2f}x"),
                    ("Tokens/s with the draft", e.tokens_per_s_speculative, "{:.1f}"),
                    ("Tokens/s without", e.tokens_per_s_baseline, "{:.1f}"),
-                   ("Draft steps", e.steps, "{}"), ("Temperature", e.temperature, "{:g}"),
+                   ("Draft steps", e.steps, "{}"),
+                   ("Draft tree (top-k, tokens verified)",
+                    (e.topk, e.draft_tokens) if (e.topk or 1) > 1 else None,
+                    "top-{0[0]}, {0[1]}"),
+                   ("Temperature", e.temperature, "{:g}"),
                    ("Device", e.device, "{}")]
         lines = [f"- {label}: {fmt.format(v)}" for label, v, fmt in details if v is not None]
         if lines:
