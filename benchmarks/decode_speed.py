@@ -1,16 +1,19 @@
-"""Speculative vs plain decoding speed of a target/draft pair on a prompt set, per draft length.
+"""Speculative vs plain decoding speed of a target/draft pair on a prompt set, per drafting shape.
 
-For every K in --steps, decodes every turn of the prompt set twice in one process: with the
-draft (K tokens proposed per target forward) and plainly, both as one device program per
-prompt, timed after compilation (`eagle3kit.decode`). Prints a Markdown table: tau (tokens
-per target forward), tokens/s of both, the speedup, how many greedy answers were identical,
-compile time and peak device memory. `--draft random` measures the overhead floor with an
-untrained draft (tau ~ 1), before any draft is trained.
+For every shape in --steps (K: a chain of K draft tokens; S/k/N: SGLang's tree of depth S,
+top-k expansion, N tokens verified with the root, as `eval --steps S --topk k --draft-tokens
+N`), decodes every turn of the prompt set twice in one process: with the draft and plainly,
+both as one device program per prompt, timed after compilation (`eagle3kit.decode`). Prints a
+Markdown table: tau (tokens per target forward, pooled over verify steps and as the mean of
+per-request taus, both with the bonus token), tokens/s of both, the speedup, how many greedy
+answers were identical, compile time and peak device memory. `--draft random` measures the
+overhead floor with an untrained draft (tau ~ 1), before any draft is trained. Batch 1 only
+(eval decodes one conversation at a time).
 
 GPU (the numbers to report):
 
     python benchmarks/decode_speed.py --target meta-llama/Llama-3.1-8B-Instruct \\
-        --draft runs/llama/final --prompts mt-bench --steps 3,5,7 --max-new-tokens 256
+        --draft runs/llama/final --prompts mt-bench --steps 3,5,7,5/4/8 --max-new-tokens 256
 
 CPU (small settings, a few minutes):
 
@@ -41,12 +44,17 @@ from eagle3kit.data.fingerprint import tokenizer_fingerprint
 from eagle3kit.data.prompts import load_prompts
 from eagle3kit.data.tokenizer import load_tokenizer
 from eagle3kit.decode.runner import Decoder
-from eagle3kit.decode.speculative import DecodeConfig
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import load_target, resolve_target
 from eagle3kit.jobs import common
 from eagle3kit.jobs.common import DTYPES, load_draft_for_target
-from eagle3kit.jobs.evaluate import EvalConfig, generate_samples, generation_mesh, stop_ids
+from eagle3kit.jobs.evaluate import (
+    EvalConfig,
+    decode_config,
+    generate_samples,
+    generation_mesh,
+    stop_ids,
+)
 
 
 def random_draft(ckpt, vocab_size: int) -> Draft:
@@ -54,6 +62,16 @@ def random_draft(ckpt, vocab_size: int) -> Draft:
     cfg = DraftConfig.for_target(ckpt.config, vocab_size)
     w = init_weights(DraftWeights.abstract(cfg), jax.random.key(0))
     return Draft(cfg, w, VocabMap.from_ids(np.arange(vocab_size), ckpt.config.vocab_size))
+
+
+def parse_shape(text: str) -> tuple[int, int, int | None]:
+    """`K` -> (K, 1, None), a chain; `S/k/N` -> (S, k, N), a tree."""
+    parts = [int(x) for x in text.split("/")]
+    if len(parts) == 1:
+        return parts[0], 1, None
+    if len(parts) != 3:
+        raise SystemExit(f"error: --steps {text!r}: expected K or S/k/N")
+    return parts[0], parts[1], parts[2]
 
 
 def peak_memory_gb() -> float | None:
@@ -68,7 +86,8 @@ def main() -> None:
     p.add_argument("--draft", required=True, help="a draft directory or Hub id, or `random`")
     p.add_argument("--prompts", default="mt-bench")
     p.add_argument("--limit", type=int, default=None, help="first N conversations")
-    p.add_argument("--steps", default="3,5,7", help="draft lengths K to compare")
+    p.add_argument("--steps", default="3,5,7,5/4/8",
+                   help="shapes to compare: K (chain) or S/k/N (tree), comma-separated")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
@@ -99,26 +118,30 @@ def main() -> None:
                   f"{prompts.name} on {jax.device_count()} x {jax.devices()[0].device_kind}")
 
     rows = []
-    for k in (int(x) for x in args.steps.split(",")):
-        dec = DecodeConfig(k, args.max_new_tokens, args.temperature)
-        decoder = Decoder(tcfg, draft.config, target_w, draft_w, vocab, dec, stops, mesh)
+    for shape in args.steps.split(","):
+        k, topk, nodes = parse_shape(shape)
         cfg = EvalConfig(target=args.target, draft=args.draft, prompts=args.prompts, steps=k,
-                         max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         target_dtype=args.target_dtype)
+                         topk=topk, draft_tokens=nodes, max_new_tokens=args.max_new_tokens,
+                         temperature=args.temperature, target_dtype=args.target_dtype)
+        dec = decode_config(cfg)
+        decoder = Decoder(tcfg, draft.config, target_w, draft_w, vocab, dec, stops, mesh)
         summary, _ = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
-        rows.append({"steps": k, **summary, "peak_memory_gb": peak_memory_gb()})
+        rows.append({"shape": shape, "steps": k, "topk": topk, "draft_tokens": dec.nodes,
+                     **summary, "peak_memory_gb": peak_memory_gb()})
 
     print(f"\n{tcfg.name} + {args.draft} on {prompts.name} ({prompts.num_turns} turns), "
           f"{jax.devices()[0].device_kind}, target {args.target_dtype}, draft {args.dtype}, "
           f"T={args.temperature:g}, max {args.max_new_tokens} new tokens, jax {jax.__version__}, "
           f"python {platform.python_version()}\n")
-    print("| K | tau | spec tok/s | plain tok/s | speedup | identical | compile s | peak GB |")
-    print("|---|-----|-----------|-------------|---------|-----------|-----------|---------|")
+    print("| shape | tau pooled | tau per request | spec tok/s | plain tok/s | speedup "
+          "| identical | compile s | peak GB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mem = "-" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']:.1f}"
         same = ("-" if r["identical_to_baseline"] is None
                 else f"{r['identical_to_baseline']}/{r['prompts']}")
-        print(f"| {r['steps']} | {r['tau_generate']:.2f} | {r['tokens_per_s_speculative']:.1f} "
+        print(f"| {r['shape']} | {r['tau_pooled']:.2f} | {r['tau_per_request_mean']:.2f} "
+              f"| {r['tokens_per_s_speculative']:.1f} "
               f"| {r['tokens_per_s_baseline']:.1f} | {r['speedup']:.2f}x "
               f"| {same} | {r['compile_s']:.0f} | {mem} |")
     if args.json:

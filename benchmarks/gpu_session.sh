@@ -17,6 +17,7 @@
 #   bash benchmarks/gpu_session.sh regen     # SmolLM2 speed on ShareGPT; mix | regenerate
 #   bash benchmarks/gpu_session.sh regtrain  # tokenize both, vocab-select, train both
 #   bash benchmarks/gpu_session.sh regeval   # both drafts: held-out and MT-bench
+#   bash benchmarks/gpu_session.sh decode  # MT-bench: chains K=3,5,7 and the 5/4/8 tree (batch 1)
 set -euo pipefail
 STASH=${STASH:-$HOME/stash}
 SITE=$STASH/site
@@ -113,6 +114,11 @@ regeval)
       --json > "$OUTDIR/eval-$v-mtbench.json"
   done
   python3 benchmarks/regen_compare.py table "$OUTDIR" | tee "$OUTDIR/compare.md"
+  ;;
+decode)
+  python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$RUN/run/final" \
+    --prompts mt-bench --steps "${SHAPES:-3,5,7,5/4/8}" --max-new-tokens 256 --json \
+    | tee "$OUTDIR/decode_speed.txt"
   ;;
 *)
   echo "unknown stage $1" >&2; exit 2 ;;

@@ -31,8 +31,8 @@ from tests import assets, smollm2_draft
 
 runner = CliRunner()
 CONTRACT = {"mode", "dataset", "acc", "cond_acc", "tau", "masked_tokens"}
-GENERATE = CONTRACT | {"tau_generate", "accept_rate", "speedup", "tokens_per_s_speculative",
-                       "tokens_per_s_baseline", "device", "steps", "temperature", "prompts",
+GENERATE = CONTRACT | {"tau_generate", "tau_pooled", "tau_per_request_mean", "accept_rate",
+                       "speedup", "tokens_per_s_speculative", "tokens_per_s_baseline", "device", "steps", "temperature", "prompts",
                        "new_tokens"}
 FP32 = ["--dtype", "float32", "--target-dtype", "float32"]
 
@@ -220,6 +220,10 @@ def test_generate_from_a_prompt_file_with_samples_and_plot(tiny, tmp_path):
     # tau is tokens per target forward, from exactly the accepted lengths written
     steps = [a_ for s in records for a_ in s.accept_lengths]
     assert result["tau_generate"] == pytest.approx(sum(x + 1 for x in steps) / len(steps))
+    assert result["tau_pooled"] == result["tau_generate"]
+    per_request = [np.mean(np.asarray(s.accept_lengths) + 1) for s in records
+                   if s.accept_lengths]
+    assert result["tau_per_request_mean"] == pytest.approx(np.mean(per_request), abs=1e-6)
     assert result["verify_steps"] == len(steps)
     assert result["new_tokens"] == sum(len(s.generated_ids) for s in records)
     assert result["identical_to_baseline"] == 3  # fp32: greedy is lossless
@@ -318,11 +322,35 @@ def test_prompt_longer_than_the_context_is_refused(tiny, tmp_path):
     (["--temperature", "-1"], "--temperature"),
     (["--attention", "flash"], "'flash': choose auto, xla, cudnn"),
     (["--plot", "-"], "--plot -: a PNG cannot go to stdout"),
+    (["--topk", "4"], "--topk and --draft-tokens shape the draft trees"),
 ])
 def test_option_mistakes(tiny, args, message):
     a, draft = tiny
     r = invoke(tf_args(a, draft, a / "heldout.jsonl", *args))
     assert r.exit_code == 2 and message in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--topk", "2", "--temperature", "0.7"], "verifies greedily only"),
+    (["--draft-tokens", "9"], "--steps 3 --topk 1 --draft-tokens 9: a chain"),
+    (["--topk", "2", "--draft-tokens", "12"], "outside 2..11"),
+])
+def test_tree_shape_mistakes(tiny, args, message):
+    a, draft = tiny
+    r = invoke(gen_args(a, draft, "mt-bench", *args))
+    assert r.exit_code == 2 and message in r.output
+
+
+def test_generate_with_draft_trees_is_lossless(tiny, tmp_path):
+    a, draft = tiny
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": 7, "turns": ["Count to three."]}) + "\n")
+    r = invoke(gen_args(a, draft, prompts, "--topk", 3, "--draft-tokens", 8, "--json"))
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout)
+    assert (result["steps"], result["topk"], result["draft_tokens"]) == (3, 3, 8)
+    assert result["identical_to_baseline"] == 1  # fp32 greedy trees are lossless
+    assert "top-3, 8 tokens verified per step" in r.stderr
 
 
 def test_bad_records_name_file_and_line(tiny, tmp_path):

@@ -63,3 +63,18 @@ def test_plain_decoding_loop_equals_the_reference(trained):
     assert r.generated_ids == d.answers[1][:LIMIT]
     assert r.forwards == LIMIT - 1 and r.accept_lengths == []
     assert np.isfinite(r.seconds) and r.seconds > 0
+
+
+def test_trained_draft_in_trees_is_lossless(trained):
+    """SGLang's S=5, k=4, N=8 tree on the real target: the target's own greedy answer, with
+    runs of tokens accepted along branches."""
+    decoder, d = trained
+    dec = DecodeConfig(steps=K, max_new_tokens=smollm2_draft.ANSWER_TOKENS, topk=4,
+                       draft_tokens=8)
+    trees = Decoder(decoder.tcfg, decoder.dcfg, decoder.target_w, decoder.draft_w,
+                    decoder.vocab, dec, [smollm2_draft.EOS], decoder.mesh)
+    prompt, answer = d.prompts[0], d.answers[0]
+    tree = trees.speculative(prompt)
+    assert tree.generated_ids == answer
+    assert all(0 <= a <= K for a in tree.accept_lengths)
+    assert acceptance_summary([tree.accept_lengths], K)["tau_pooled"] > 2.5

@@ -208,3 +208,17 @@ def test_greedy_with_accepted_drafts_on_a_tensor_parallel_target(accepting_draft
     _accepting_run(acc, lambda dec: Decoder(
         acc.tcfg, acc.dcfg, tw2, jax.device_put(acc.draft_w, replicated),
         jax.device_put(acc.vocab, replicated), dec, [], split))
+
+
+def test_tau_is_reported_pooled_and_per_request_with_the_bonus_token():
+    """Three requests: accepted [3, 0, 1], [0] and none (stopped at its first token).
+    Pooled: (4 + 1 + 2 + 1) / 4 steps = 2.0; per request: (7/3 + 1/1) / 2 = 5/3."""
+    s = acceptance_summary([[3, 0, 1], [0], []], steps=3)
+    assert s["tau_pooled"] == s["tau_generate"] == 2.0
+    assert s["tau_per_request_mean"] == pytest.approx(5 / 3, abs=1e-6)
+    assert s["accept_rate"] == [0.5, 0.5, 1.0] and s["verify_steps"] == 4
+    assert s["accept_histogram"] == [2, 1, 0, 1]
+    # the rates multiply back to the pooled tau: 1 + 0.5 + 0.25 + 0.25
+    assert 1 + np.cumprod(s["accept_rate"]).sum() == s["tau_pooled"]
+    empty = acceptance_summary([[]], steps=2)
+    assert empty["tau_pooled"] == empty["tau_per_request_mean"] == 0.0

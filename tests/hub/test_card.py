@@ -28,7 +28,8 @@ TEACHER = {"mode": "teacher-forced", "dataset": "mt-bench", "acc": [0.605, 0.582
            "cond_acc": [0.605, 0.7, 0.72, 0.74], "tau": 2.41}
 GENERATE = {"mode": "generate", "dataset": "humaneval", "acc": [0.7, 0.65],
             "accept_rate": [0.72, 0.6], "prompts": 164, "masked_tokens": 9000,
-            "tau": 2.2, "tau_generate": 2.64, "speedup": 2.31, "tokens_per_s_speculative": 91.5,
+            "tau": 2.2, "tau_generate": 2.64, "tau_pooled": 2.64,
+            "tau_per_request_mean": 2.51, "speedup": 2.31, "tokens_per_s_speculative": 91.5,
             "tokens_per_s_baseline": 39.6, "device": "NVIDIA H100", "steps": 3,
             "temperature": 0.0}
 
@@ -120,9 +121,16 @@ def test_acceptance_tables(sglang_export, tmp_path):
     text = card.render_card(sglang_export, "my-org/x", evals=_evals(tmp_path))
     assert "| mt-bench (teacher-forced) | 2.41 | 60.5% | 58.2% | 57.2% | - |" in text
     assert "| humaneval (generate) | 2.64 | 70.0% | 65.0% | - | 2.31x |" in text
+    assert "- tau (generation, pooled over verify steps): 2.64" in text
+    assert "- tau (generation, mean per request): 2.51" in text
+    assert "Draft tree" not in text  # chains say nothing of trees
     assert "| 4 | 55.0% | 74.0% |" in text  # every step of the per-eval table
     assert "| 2 | 65.0% | - | 60.0% |" in text  # generation: accepted share per token
     assert "- Tokens/s with the draft: 91.5" in text and "- Temperature: 0" in text
+    tree = tmp_path / "tree.json"
+    tree.write_text(json.dumps(GENERATE | {"steps": 5, "topk": 4, "draft_tokens": 8}))
+    tree_text = card.render_card(sglang_export, "my-org/x", evals=[tree])
+    assert "- Draft steps: 5\n- Draft tree (top-k, tokens verified): top-4, 8\n" in tree_text
 
 
 def test_custom_layers_in_sglang_format_point_vllm_users_elsewhere(target, tmp_path):

@@ -17,6 +17,8 @@ eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2
 eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
   --prompts mt-bench --steps 7 --max-new-tokens 256 --samples samples.jsonl \\
   --plot acceptance.png --json >> evals.jsonl
+eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
+  --prompts mt-bench --steps 5 --topk 4 --draft-tokens 8 --json >> evals.jsonl
 """
 
 
@@ -35,6 +37,13 @@ def eval_cmd(
     steps: int | None = typer.Option(None, min=1, max=64, help="Draft tokens per step (K) "
                                      "(default: the draft's trained --ttt-length, else "
                                      f"{TTTSettings().steps})."),
+    topk: int = typer.Option(1, min=1, max=16, help="Generation: children of each expanded "
+                             "tree node (SGLang's --speculative-eagle-topk; 1 is a chain); "
+                             "--steps is then the tree's depth (--speculative-num-steps)."),
+    draft_tokens: int | None = typer.Option(None, min=2, help="Generation: tree nodes "
+                                            "verified per step, the root included (SGLang's "
+                                            "--speculative-num-draft-tokens; default steps "
+                                            "+ 1, the chain)."),
     max_new_tokens: int = typer.Option(256, min=1, help="Generation: tokens per answer."),
     temperature: float = typer.Option(0.0, min=0.0, help="Generation: 0 is greedy "
                                       "(lossless); above 0, speculative sampling."),
@@ -79,7 +88,8 @@ def eval_cmd(
         require_matplotlib()  # before the work, not after an hour of decoding
     cfg = EvalConfig(
         target=target, draft=draft, data=data, prompts=prompts, mode=mode, steps=steps,
-        max_new_tokens=max_new_tokens, temperature=temperature, limit=limit,
+        topk=topk, draft_tokens=draft_tokens, max_new_tokens=max_new_tokens,
+        temperature=temperature, limit=limit,
         batch_size=batch_size, seq_len=seq_len, mesh=mesh, dtype=dtype,
         target_dtype=target_dtype, attention=attention, seed=seed,
         samples=str(samples) if samples is not None else None, thinking=thinking)

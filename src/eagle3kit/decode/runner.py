@@ -21,7 +21,6 @@ import numpy as np
 from jax.sharding import Mesh
 
 from eagle3kit.core.config import DraftConfig, TargetConfig
-from eagle3kit.core.metrics import expected_acceptance_length
 from eagle3kit.core.sharding import use_mesh
 from eagle3kit.core.ttt import VocabArrays
 from eagle3kit.decode.speculative import DecodeConfig, plain_generate, speculative_generate
@@ -62,6 +61,7 @@ class Decoder:
 
     def __init__(self, tcfg: TargetConfig, dcfg: DraftConfig, target_w: Any, draft_w: Any,
                  vocab: VocabArrays, dec: DecodeConfig, stop_ids: Sequence[int], mesh: Mesh):
+        dec.check()
         self.tcfg, self.dcfg, self.dec, self.mesh = tcfg, dcfg, dec, mesh
         self.target_w, self.draft_w, self.vocab = target_w, draft_w, vocab
         self.stop_ids = jnp.asarray(list(stop_ids) or [-1], jnp.int32)
@@ -75,8 +75,8 @@ class Decoder:
 
     def cache_len(self, padded: int) -> int:
         # every write stays inside: the last verify starts below prompt + max_new - 1 and
-        # writes K+1 tokens; a multiple of 128 keeps the attention shapes friendly
-        need = padded + self.dec.max_new_tokens + self.dec.steps + 2
+        # writes max(K+1, N) tokens; a multiple of 128 keeps the attention shapes friendly
+        need = padded + self.dec.max_new_tokens + max(self.dec.steps, self.dec.nodes) + 2
         return -(-need // 128) * 128
 
     def _call(self, kind: str, prompt: Sequence[int], limit: int, seed: int):
@@ -136,20 +136,33 @@ def _truncate(ids: list[int], stops: set[int], limit: int) -> list[int]:
 
 
 def acceptance_summary(accept_lengths: Iterable[Sequence[int]], steps: int) -> dict[str, Any]:
-    """Generation acceptance from the accepted draft counts of every verify step.
+    """Generation acceptance from the accepted draft counts of every verify step, per request.
+
+    A verify step that accepts a draft tokens emits a + 1 (the target's own bonus token
+    always counts; the prefill's first token is no verify step and does not). tau is then
+    reported both ways the engines do:
+
+        tau_pooled            sum over all verify steps of (a + 1) / number of verify steps
+                              (long answers weigh more; what a server's counters report)
+        tau_per_request_mean  the mean over requests of each request's own pooled tau
+                              (requests without a verify step have none and are left out)
 
     accept_rate[j-1] is the share of verify steps that accepted draft token j among those
-    that accepted tokens 1..j-1 (conditional, like cond_acc); tau is tokens per target
-    forward, 1 + mean accepted = 1 + sum_j prod_{i<=j} accept_rate_i.
+    that accepted tokens 1..j-1 (conditional, like cond_acc), so tau_pooled =
+    1 + sum_j prod_{i<=j} accept_rate_i. `tau_generate` is tau_pooled under its older name.
     """
-    a = np.asarray([x for lengths in accept_lengths for x in lengths], np.int64)
+    per_request = [np.asarray(x, np.int64) for x in accept_lengths]
+    a = np.concatenate([np.zeros(0, np.int64), *per_request])
     reached = np.asarray([(a >= j - 1).sum() for j in range(1, steps + 1)], np.float64)
     taken = np.asarray([(a >= j).sum() for j in range(1, steps + 1)], np.float64)
     rate = np.where(reached > 0, taken / np.maximum(reached, 1), 0.0)
+    pooled = float((a + 1).mean()) if len(a) else 0.0
+    taus = [float((r + 1).mean()) for r in per_request if len(r)]
     return {
-        "tau_generate": round(expected_acceptance_length(rate), 6),
+        "tau_generate": round(pooled, 6),
+        "tau_pooled": round(pooled, 6),
+        "tau_per_request_mean": round(float(np.mean(taus)), 6) if taus else 0.0,
         "accept_rate": [round(float(r), 6) for r in rate],
         "verify_steps": int(len(a)),
-        "accept_histogram": np.bincount(a, minlength=steps + 1).tolist() if len(a) else
-        [0] * (steps + 1),
+        "accept_histogram": np.bincount(a, minlength=steps + 1).tolist(),
     }

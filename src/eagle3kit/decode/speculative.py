@@ -30,14 +30,40 @@ import jax.numpy as jnp
 from eagle3kit.core import draft, target
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.ttt import VocabArrays
-from eagle3kit.decode import draft_cache
+from eagle3kit.decode import draft_cache, tree
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
-    steps: int = 7  # K: draft tokens proposed per verify step
+    steps: int = 7  # K (SGLang's num-steps): draft steps per verify step, the tree's depth
     max_new_tokens: int = 256
     temperature: float = 0.0  # 0: greedy (lossless against plain greedy decoding)
+    topk: int = 1  # children per expanded node (SGLang's eagle-topk); 1 is the chain
+    draft_tokens: int | None = None  # N: tree nodes verified, the root included (SGLang's
+    # num-draft-tokens); None is the chain's K + 1
+
+    @property
+    def nodes(self) -> int:
+        return self.steps + 1 if self.draft_tokens is None else self.draft_tokens
+
+    @property
+    def is_tree(self) -> bool:
+        return self.topk > 1
+
+    def check(self) -> None:
+        """Raises ValueError for shapes SGLang would refuse too, and sampled trees."""
+        most = tree.candidate_count(self.steps, self.topk) + 1
+        if self.topk < 1 or self.steps < 1:
+            raise ValueError("steps and topk must be >= 1")
+        if self.topk == 1 and self.nodes != self.steps + 1:
+            raise ValueError(f"a chain (topk 1) verifies steps + 1 = {self.steps + 1} draft "
+                             f"tokens, not {self.nodes}")
+        if not 2 <= self.nodes <= most:
+            raise ValueError(f"draft tokens {self.nodes} outside 2..{most}: {self.steps} "
+                             f"steps of top-{self.topk} propose {most - 1} candidates")
+        if self.is_tree and self.temperature > 0:
+            raise ValueError("tree drafting (topk > 1) verifies greedily only: use "
+                             "temperature 0, or topk 1 for speculative sampling")
 
 
 @jax.tree_util.register_dataclass
@@ -144,6 +170,44 @@ def _draft_chain(draft_w, dcfg: DraftConfig, target_w, vocab: VocabArrays, h_1x1
     return idx, probs, cache
 
 
+def _verify_chain(target_w, draft_w, vocab, x_n, h_last, n, tcache, dcache, key, *, tcfg,
+                  dcfg, dec):
+    """One chain verify step -> (new tokens [K+1], accepted a, the target's output over the
+    K+1 verified columns, caches)."""
+    k = dec.steps
+    draft_key, accept_key = jax.random.split(key)
+    idx, probs, dcache = _draft_chain(draft_w, dcfg, target_w, vocab, h_last, n, dcache,
+                                      draft_key, k, dec.temperature)
+    ids = vocab.draft_to_target[idx]
+    verify = jnp.concatenate([x_n[None], ids])
+    out, tcache = target.forward_cached(target_w, tcfg, verify[None], n, tcache,
+                                        dcfg.aux_layer_ids)
+    logits = _logits(target_w, out.hidden_BxTxD)
+    if dec.temperature == 0:
+        a, bonus = accept_greedy(logits, ids)
+    else:
+        a, bonus = accept_sampled(accept_key, logits, probs, idx, vocab.draft_to_target,
+                                  dec.temperature)
+    new = jnp.where(jnp.arange(k + 1) < a, jnp.concatenate([ids, bonus[None]]), bonus)
+    return new, a, out, tcache, dcache
+
+
+def _verify_tree(target_w, draft_w, vocab, x_n, h_last, n, tcache, dcache, key, *, tcfg,
+                 dcfg, dec):
+    """One tree verify step (greedy), returning what `_verify_chain` does: the target's
+    output is gathered along the accepted path and its keys moved to slots n..n+a."""
+    del key  # greedy only
+    t = tree.draft_tree(draft_w, dcfg, target_w, vocab, h_last, x_n, n, dcache,
+                        steps=dec.steps, topk=dec.topk, nodes=dec.nodes)
+    out, tcache = tree.forward_tree(target_w, tcfg, t, n, tcache, dcfg.aux_layer_ids)
+    path, a, bonus = tree.accept_greedy(_logits(target_w, out.hidden_BxTxD), t, dec.steps)
+    tcache = tree.commit_path(tcache, path, n)
+    ids = t.tokens[jnp.roll(path, -1)]  # the path's tokens after the root
+    new = jnp.where(jnp.arange(dec.steps + 1) < a, ids, bonus)
+    out = target.TargetOutput(out.hidden_BxTxD[:, path], out.aux_BxTxA[:, path])
+    return new, a, out, tcache, dcache
+
+
 def speculative_generate(target_w: target.TargetWeights, draft_w: draft.DraftWeights,
                          vocab: VocabArrays, prompt_P: jax.Array, prompt_len: jax.Array,
                          limit: jax.Array, stop_ids: jax.Array, key: jax.Array, *,
@@ -151,7 +215,7 @@ def speculative_generate(target_w: target.TargetWeights, draft_w: draft.DraftWei
                          cache_len: int) -> Generation:
     """Speculative decoding of one prompt (`prompt_P` padded, first `prompt_len` real) until
     a stop token or `limit` (<= dec.max_new_tokens) new tokens."""
-    k, m = dec.steps, prompt_len
+    m = prompt_len
     key, prefill_key = jax.random.split(key)
     out, tcache, first = _prefill(target_w, tcfg, dcfg.aux_layer_ids, prompt_P, m, cache_len,
                                   prefill_key, dec.temperature)
@@ -167,22 +231,13 @@ def speculative_generate(target_w: target.TargetWeights, draft_w: draft.DraftWei
     done = _stopped(first[None], 1, stop_ids) | (limit <= 1)
     state = (tcache, dcache, tokens, m, h_last, accepted, jnp.int32(0), done)
 
+    verify = _verify_tree if dec.is_tree else _verify_chain
+
     def body(state):
         tcache, dcache, tokens, n, h_last, accepted, it, _ = state
-        draft_key, accept_key = jax.random.split(jax.random.fold_in(key, it))
-        idx, probs, dcache = _draft_chain(draft_w, dcfg, target_w, vocab, h_last, n, dcache,
-                                          draft_key, k, dec.temperature)
-        ids = vocab.draft_to_target[idx]
-        verify = jnp.concatenate([tokens[n][None], ids])
-        out, tcache = target.forward_cached(target_w, tcfg, verify[None], n, tcache,
-                                            dcfg.aux_layer_ids)
-        logits = _logits(target_w, out.hidden_BxTxD)
-        if dec.temperature == 0:
-            a, bonus = accept_greedy(logits, ids)
-        else:
-            a, bonus = accept_sampled(accept_key, logits, probs, idx,
-                                      vocab.draft_to_target, dec.temperature)
-        new = jnp.where(jnp.arange(k + 1) < a, jnp.concatenate([ids, bonus[None]]), bonus)
+        new, a, out, tcache, dcache = verify(
+            target_w, draft_w, vocab, tokens[n], h_last, n, tcache, dcache,
+            jax.random.fold_in(key, it), tcfg=tcfg, dcfg=dcfg, dec=dec)
         tokens = jax.lax.dynamic_update_slice(tokens, new, (n + 1,))
         # new[j] is x_{n+j+1}, the token column n+j reads; columns past a are never read
         h, dcache = draft_cache.extend(draft_w, dcfg, target_w, out.aux_BxTxA, new[None], n,

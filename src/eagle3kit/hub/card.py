@@ -50,12 +50,16 @@ class EvalResult(msgspec.Struct, forbid_unknown_fields=False):
     cond_acc: list[float] = []
     accept_rate: list[float] = []  # generate: share of verify steps accepting token k
     tau: float | None = None
-    tau_generate: float | None = None
+    tau_generate: float | None = None  # = tau_pooled (the older name)
+    tau_pooled: float | None = None
+    tau_per_request_mean: float | None = None
     speedup: float | None = None
     tokens_per_s_speculative: float | None = None
     tokens_per_s_baseline: float | None = None
     device: str | None = None
     steps: int | None = None
+    topk: int | None = None  # generate: tree drafting (1 or absent: a chain)
+    draft_tokens: int | None = None
     temperature: float | None = None
     masked_tokens: int | None = None
     prompts: int | None = None

@@ -231,11 +231,16 @@ def performance(c: CardInputs) -> str:
                    ("Prompts generated", e.prompts, "{:,}"),
                    ("Max new tokens", e.max_new_tokens, "{:,}"),
                    ("tau estimated from acc_k", e.tau, "{:.2f}"),
-                   ("tau (generation)", e.tau_generate, "{:.2f}"),
+                   ("tau (generation, pooled over verify steps)", e.tau_generate, "{:.2f}"),
+                   ("tau (generation, mean per request)", e.tau_per_request_mean, "{:.2f}"),
                    ("Speedup", e.speedup, "{:.2f}x"),
                    ("Tokens/s with the draft", e.tokens_per_s_speculative, "{:.1f}"),
                    ("Tokens/s without", e.tokens_per_s_baseline, "{:.1f}"),
-                   ("Draft steps", e.steps, "{}"), ("Temperature", e.temperature, "{:g}"),
+                   ("Draft steps", e.steps, "{}"),
+                   ("Draft tree (top-k, tokens verified)",
+                    (e.topk, e.draft_tokens) if (e.topk or 1) > 1 else None,
+                    "top-{0[0]}, {0[1]}"),
+                   ("Temperature", e.temperature, "{:g}"),
                    ("Device", e.device, "{}")]
         lines = [f"- {label}: {fmt.format(v)}" for label, v, fmt in details if v is not None]
         if lines:

@@ -33,13 +33,22 @@ def print_report(console, r: dict[str, Any]) -> None:
              "tokens"]
     if generated:
         lines.append(f"tau (generation, tokens per target forward): {r['tau_generate']:.3f} "
-                     f"over {r['verify_steps']:,} verify steps, {r['prompts']} prompts")
+                     f"pooled over {r['verify_steps']:,} verify steps, "
+                     f"{r['tau_per_request_mean']:.3f} mean of "
+                     f"{r['prompts']} prompts")
         lines.append(f"speculative {r['tokens_per_s_speculative']:,.1f} tok/s vs plain "
                      f"{r['tokens_per_s_baseline']:,.1f} tok/s: {r['speedup']:.2f}x"
                      f" on {r['device']} (temperature {r['temperature']:g}, "
-                     f"{r['steps']} draft tokens per step)")
+                     f"{_drafting(r)})")
     for line in lines:
         console.print(line)
+
+
+def _drafting(r) -> str:
+    if r.get("topk", 1) == 1:
+        return f"{r['steps']} draft tokens per step"
+    return (f"trees of depth {r['steps']}, top-{r['topk']}, {r['draft_tokens']} tokens "
+            "verified per step")
 
 
 def _at(values, k):

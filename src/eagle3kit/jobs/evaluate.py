@@ -53,6 +53,8 @@ class EvalConfig:
     prompts: str | None = None  # prompt set name or JSONL file (generate)
     mode: str | None = None  # default: generate with --prompts, else teacher-forced
     steps: int | None = None  # K; default: the draft's trained --ttt-length (trained_steps)
+    topk: int = 1  # generate: children per tree node (1: chain)
+    draft_tokens: int | None = None  # generate: tree nodes verified, root included
     max_new_tokens: int = 256
     temperature: float = 0.0
     limit: int | None = None  # first N conversations of the prompt set
@@ -82,6 +84,9 @@ def check_config(cfg: EvalConfig) -> None:
                             "`eagle3kit tokenize`); for generation pass --prompts")
         if cfg.prompts or cfg.samples:
             raise UserError("--prompts and --samples belong to --mode generate")
+        if cfg.topk != 1 or cfg.draft_tokens is not None:
+            raise UserError("--topk and --draft-tokens shape the draft trees of --mode "
+                            "generate; teacher-forced scoring rolls out chains of --steps")
     else:
         if not cfg.prompts:
             raise UserError("--mode generate needs --prompts (mt-bench, humaneval or a JSONL "
@@ -98,6 +103,16 @@ def check_config(cfg: EvalConfig) -> None:
         raise UserError(f"--steps {cfg.steps}: must be in 1..64")
     if cfg.temperature < 0:
         raise UserError(f"--temperature {cfg.temperature}: must be >= 0 (0 is greedy)")
+    try:  # the tree's shape; K is the draft's when --steps is not given
+        decode_config(cfg).check()
+    except ValueError as e:
+        raise UserError(f"--steps {cfg.steps} --topk {cfg.topk} --draft-tokens "
+                        f"{decode_config(cfg).nodes}: {e}") from None
+
+
+def decode_config(cfg: EvalConfig) -> DecodeConfig:
+    return DecodeConfig(cfg.steps or TTTSettings().steps, cfg.max_new_tokens, cfg.temperature,
+                        cfg.topk, cfg.draft_tokens)
 
 
 def trained_steps(draft) -> int:
@@ -150,7 +165,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
         return {"mode": "teacher-forced", "dataset": display_name(cfg.data), **tf, **base}
 
     decoder = Decoder(tcfg, draft.config, target_w, draft_lib.cast(params, dtype), vocab_dev,
-                      DecodeConfig(cfg.steps, cfg.max_new_tokens, cfg.temperature),
+                      decode_config(cfg),
                       stop_ids(tokenizer, ckpt), mesh)
     gen, samples = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
     # the same text, teacher-forced: the estimate next to what generation measured
@@ -165,6 +180,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
             for s in samples:
                 f.write(encode(s))
     return {"mode": "generate", "dataset": prompts.name, **tf, **gen, **base,
+            "topk": cfg.topk, "draft_tokens": decoder.dec.nodes,
             "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
 
 

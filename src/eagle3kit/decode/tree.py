@@ -1,0 +1,192 @@
+"""Tree drafting and verification with SGLang's EAGLE semantics (`--speculative-num-steps S`,
+`--speculative-eagle-topk k`, `--speculative-num-draft-tokens N`).
+
+Drafting from the newest committed token x_n (column n-1's draft state h):
+
+    step 0       the draft head's top-k tokens are the first k candidates, scored by their
+                 log-probability;
+    step 1..S-1  the k best candidates of the previous step (the frontier) each run one draft
+                 step and propose their top-k children, scored by the parent's score plus the
+                 child's log-probability (the cumulative draft probability, in logs); the k
+                 best of those k*k become the next frontier.
+
+Of the k + (S-1)*k*k candidates the N-1 best by score become the tree, under the root x_n
+(N counts the root, as SGLang does; topk 1 and N = S+1 is the chain). A child never outscores
+its parent and ties go to the lower index, which a parent always has, so the kept set holds
+every ancestor of every node it holds. Nodes are ordered by candidate index: parents first.
+
+The target verifies the N tokens in one forward: node t sits at position n + depth(t) and
+sees the committed prefix plus its ancestors and itself (`ancestors_NxN`). At temperature 0
+the accepted path is the deepest node whose every node equals the target's argmax after its
+parent; its keys are then moved to the contiguous slots n..n+a, and the draft's step-0
+entries of those columns are recomputed from the target's states at the path's nodes.
+
+The draft's entries of tree nodes live in a small buffer of (S-1)*k rows beside its cache:
+each attends to the committed step-0 entries (slots < n) and to its own ancestors' entries.
+
+Shapes: N tree nodes (root included), M = k + (S-1)k^2 candidates, E = (S-1)k draft entries,
+S cache slots where it says slots, Vd draft vocab, D hidden, A aux width, Kv kv heads, H head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from eagle3kit.core import draft, target
+from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.layers import attend
+from eagle3kit.core.ttt import VocabArrays
+from eagle3kit.decode.draft_cache import DraftKV
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Tree:
+    """The drafted tree under the root (node 0, the committed token x_n)."""
+
+    tokens: Any  # N int32 target ids; tokens[0] = x_n
+    parent: Any  # N int32; parent[0] = 0
+    ancestors: Any  # N,N bool: ancestors[t, u] = u is t or an ancestor of t
+    depth: Any  # N int32: edges from the root
+    score: Any  # N float32: cumulative draft log-probability (the root's 0)
+
+
+def candidate_count(steps: int, topk: int) -> int:
+    """M: the candidates S steps of top-k expansion propose."""
+    return topk + (steps - 1) * topk * topk
+
+
+def build(root: jax.Array, cand_tokens_M: jax.Array, cand_parent_M: jax.Array,
+          cand_score_M: jax.Array, nodes: int) -> Tree:
+    """The tree of the `nodes - 1` best candidates (parent -1: a child of the root)."""
+    _, chosen = jax.lax.top_k(cand_score_M, nodes - 1)
+    chosen = jnp.sort(chosen)  # candidate order: every parent before its children
+    node_of = jnp.zeros(cand_score_M.shape, jnp.int32).at[chosen].set(
+        jnp.arange(1, nodes, dtype=jnp.int32))
+    cp = cand_parent_M[chosen]
+    parent = jnp.concatenate([jnp.zeros(1, jnp.int32),
+                              jnp.where(cp < 0, 0, node_of[jnp.maximum(cp, 0)])])
+    eye = jnp.eye(nodes, dtype=bool)
+
+    def add(anc, t):  # parents come first, so their row is final when a child reads it
+        return anc.at[t].set(anc[parent[t]] | eye[t]), None
+
+    ancestors, _ = jax.lax.scan(add, eye, jnp.arange(1, nodes))
+    tokens = jnp.concatenate([root[None].astype(jnp.int32), cand_tokens_M[chosen]])
+    score = jnp.concatenate([jnp.zeros(1, jnp.float32), cand_score_M[chosen]])
+    return Tree(tokens, parent, ancestors, ancestors.sum(-1).astype(jnp.int32) - 1, score)
+
+
+def accept_greedy(target_logits_NxV: jax.Array, tree: Tree, steps: int
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(path [S+1] node indices from the root, accepted count a, the target's next token).
+
+    A node agrees when its token is the target's argmax after its parent; the accepted node
+    is the deepest one on a path of agreeing nodes (siblings hold distinct tokens, so at most
+    one path qualifies at each depth). path[j] for j > a repeats the root (never read).
+    """
+    best = jnp.argmax(target_logits_NxV, axis=-1).astype(jnp.int32)
+    agrees = (tree.tokens == best[tree.parent]).at[0].set(True)
+    on_path = (~tree.ancestors | agrees[None, :]).all(-1)  # every ancestor agrees
+    last = jnp.argmax(jnp.where(on_path, tree.depth, -1)).astype(jnp.int32)
+    a = tree.depth[last]
+    depths = jnp.arange(steps + 1)[:, None]
+    at_depth = tree.ancestors[last][None, :] & (tree.depth[None, :] == depths)
+    path = jnp.argmax(at_depth, axis=-1).astype(jnp.int32)
+    return path, a, best[last]
+
+
+def verify_mask(tree: Tree, start: jax.Array, slots: int) -> jax.Array:
+    """[N, slots]: node t sees the committed slots < start and its ancestors' slots."""
+    rel = jnp.arange(slots) - start
+    inside = (rel >= 0) & (rel < tree.depth.shape[0])
+    own = tree.ancestors[:, jnp.clip(rel, 0, tree.depth.shape[0] - 1)]
+    return (rel < 0)[None, :] | (inside[None, :] & own)
+
+
+def forward_tree(w: target.TargetWeights, cfg: TargetConfig, tree: Tree, start: jax.Array,
+                 cache: target.KVCache, aux_layer_ids: tuple[int, ...]
+                 ) -> tuple[target.TargetOutput, target.KVCache]:
+    """The target over the tree's N tokens of one row: node t's keys at slot start+t, its
+    RoPE position start + depth(t), attending under `verify_mask`."""
+    positions = (start + tree.depth)[None]
+    mask = verify_mask(tree, start, cache.k.shape[2])[None]
+
+    def kv_fn(k, v, layer, extra):
+        ck, cv = extra
+        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, start, 0, 0))
+        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, start, 0, 0))
+        return ck[layer], cv[layer], mask, (ck, cv)
+
+    # the kv_fn seam of core/target.py, as forward_cached uses it, with a tree mask
+    out, (k, v) = target._scan_layers(w, cfg, tree.tokens[None], positions, aux_layer_ids,
+                                      kv_fn, (cache.k, cache.v))
+    return out, target.KVCache(k, v)
+
+
+def commit_path(cache: target.KVCache, path: jax.Array, start: jax.Array) -> target.KVCache:
+    """Moves the keys of the accepted path's nodes (slots start+path[j]) to slots start+j."""
+    def move(x):  # L,1,S,Kv,H; path[j] >= j, so reading all before writing is safe
+        return jax.lax.dynamic_update_slice(x, jnp.take(x, start + path, axis=2),
+                                            (0, 0, start, 0, 0))
+
+    return target.KVCache(move(cache.k), move(cache.v))
+
+
+# ---- drafting -------------------------------------------------------------------------------
+
+
+def _draft_entries(w: draft.DraftWeights, cfg: DraftConfig, embeds_1xkxD, hidden_1xkxD,
+                   position, n, cache: DraftKV, buf_k, buf_v, first: int, own_kxE):
+    """k draft entries at one position -> (h [1,k,D], buffers): each attends to the step-0
+    slots < n of `cache` and to the buffer entries `own` marks (its ancestors and itself)."""
+    k = embeds_1xkxD.shape[1]
+    p = draft.project(w, cfg, embeds_1xkxD, hidden_1xkxD, jnp.full((1, k), position))
+    buf_k = buf_k.at[:, first: first + k].set(p.k_BxTxKxH.astype(buf_k.dtype))
+    buf_v = buf_v.at[:, first: first + k].set(p.v_BxTxKxH.astype(buf_v.dtype))
+    prefix = jnp.broadcast_to(jnp.arange(cache.k.shape[1]) < n, (k, cache.k.shape[1]))
+    mask = jnp.concatenate([prefix, own_kxE], axis=-1)[None]
+    dt = p.q_BxTxNxH.dtype
+    keys = jnp.concatenate([cache.k, buf_k], axis=1).astype(dt)
+    values = jnp.concatenate([cache.v, buf_v], axis=1).astype(dt)
+    a = attend(p.q_BxTxNxH, keys, values, mask)
+    return draft.finish(w, cfg, a, p.residual_BxTxD), buf_k, buf_v
+
+
+def draft_tree(w: draft.DraftWeights, cfg: DraftConfig, target_w: target.TargetWeights,
+               vocab: VocabArrays, h_1x1xD: jax.Array, root: jax.Array, n: jax.Array,
+               cache: DraftKV, *, steps: int, topk: int, nodes: int) -> Tree:
+    """The tree of `nodes` tokens (root x_n included) drafted from column n-1's h."""
+    k, entries = topk, (steps - 1) * topk
+    logp = jax.nn.log_softmax(draft.head(w, cfg, h_1x1xD)[0, 0].astype(jnp.float32))
+    score, idx = jax.lax.top_k(logp, k)
+    tokens, parents, scores = [idx], [jnp.full((k,), -1, jnp.int32)], [score]
+    frontier = jnp.arange(k, dtype=jnp.int32)  # candidate indices
+    hidden = jnp.broadcast_to(h_1x1xD, (1, k, h_1x1xD.shape[-1]))
+    shape = (1, entries, cfg.num_kv_heads, cfg.head_dim)
+    buf_k, buf_v = jnp.zeros(shape, cache.k.dtype), jnp.zeros(shape, cache.k.dtype)
+    own = jnp.zeros((k, entries), bool)  # the frontier's ancestors' entries
+    for i in range(1, steps):
+        all_tok, all_score = jnp.concatenate(tokens), jnp.concatenate(scores)
+        first = (i - 1) * k
+        own = own | (jnp.arange(entries)[None, :] == first + jnp.arange(k)[:, None])
+        embeds = target.embed_tokens(target_w, vocab.draft_to_target[all_tok[frontier]][None])
+        h, buf_k, buf_v = _draft_entries(w, cfg, embeds, hidden, n - 1 + i, n, cache, buf_k,
+                                         buf_v, first, own)
+        logp = jax.nn.log_softmax(draft.head(w, cfg, h)[0].astype(jnp.float32))
+        child_logp, child_idx = jax.lax.top_k(logp, k)  # k,k
+        child_score = all_score[frontier][:, None] + child_logp
+        offset = sum(len(t) for t in tokens)
+        tokens.append(child_idx.reshape(-1))
+        scores.append(child_score.reshape(-1))
+        parents.append(jnp.repeat(frontier, k))
+        _, best = jax.lax.top_k(child_score.reshape(-1), k)
+        frontier = (offset + best).astype(jnp.int32)
+        hidden, own = h[:, best // k], own[best // k]
+    cand = jnp.concatenate(tokens)
+    return build(root, vocab.draft_to_target[cand], jnp.concatenate(parents),
+                 jnp.concatenate(scores), nodes)
