@@ -114,13 +114,20 @@ def forward_tree(w: target.TargetWeights, cfg: TargetConfig, tree: Tree, start: 
     """The target over the tree's N tokens of one row: node t's keys at slot start+t, its
     RoPE position start + depth(t), attending under `verify_mask`."""
     positions = (start + tree.depth)[None]
-    mask = verify_mask(tree, start, cache.k.shape[2])[None]
+    slots = cache.k.shape[2]
+    mask = verify_mask(tree, start, slots)[None]
+    # RoPE position of every key slot (sliding windows measure distances in positions):
+    # committed slots hold their own index, the tree's slots start + depth of their node
+    rel = jnp.arange(slots) - start
+    inside = (rel >= 0) & (rel < tree.depth.shape[0])
+    key_positions = jnp.where(inside, start + tree.depth[jnp.clip(rel, 0, tree.depth.shape[0]
+                                                                  - 1)], jnp.arange(slots))[None]
 
     def kv_fn(k, v, layer, extra):
         ck, cv = extra
         ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, start, 0, 0))
         cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, start, 0, 0))
-        return ck[layer], cv[layer], mask, (ck, cv)
+        return ck[layer], cv[layer], mask, key_positions, (ck, cv)
 
     # the kv_fn seam of core/target.py, as forward_cached uses it, with a tree mask
     out, (k, v) = target._scan_layers(w, cfg, tree.tokens[None], positions, aux_layer_ids,
