@@ -124,6 +124,16 @@ def shardings(abstract: Any, mesh: Mesh) -> Any:
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
+def shape_dtypes(abstract: Any, mesh: Mesh | None = None) -> Any:
+    """Maps a pytree of `ArrayInfo` to `jax.ShapeDtypeStruct`s (sharded when `mesh` is given):
+    what `jax.eval_shape` and memory estimates take instead of weights."""
+    def one(info: ArrayInfo, sh=None):
+        return jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sh)
+    if mesh is None:
+        return jax.tree.map(one, abstract, is_leaf=is_info)
+    return jax.tree.map(one, abstract, shardings(abstract, mesh), is_leaf=is_info)
+
+
 def init_weights(abstract: Any, key: jax.Array, mesh: Mesh | None = None) -> Any:
     """Initialises every weight from its `ArrayInfo`, jitted straight into its sharding."""
     leaves, treedef = jax.tree_util.tree_flatten(abstract, is_leaf=is_info)
