@@ -370,29 +370,22 @@ def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int], stop: Pree
 
 
 class Progress:
-    """Conversations done, generated tokens/s and ETA on stderr: a live line on a terminal,
-    a plain line every `every_s` seconds otherwise (logs of long runs)."""
+    """Conversations done, generated tokens/s and ETA, through the shared progress display
+    (jobs/progress.py: a live bar on a terminal, a plain line every `every_s` otherwise)."""
 
     def __init__(self, console, total: int, every_s: float = 30.0):
-        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-        from rich.progress import Progress as Bar
+        from eagle3kit.jobs.progress import Progress as Display
 
-        self.console, self.total, self.every_s = console, total, every_s
-        self.live = console.is_terminal
-        self.t0 = self._last = time.monotonic()
+        self.display = Display(console, "regenerate", total, every=None, seconds=every_s)
+        self.total, self.t0 = total, time.monotonic()
         self.done, self.generated = 0, 0
-        self._bar = Bar(TextColumn("[bold]regenerate[/bold] {task.completed}/{task.total}"),
-                        BarColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                        TextColumn("eta"), TimeRemainingColumn(), console=console,
-                        disable=not self.live)
-        self._task = self._bar.add_task("regenerate", total=total, info="loading")
 
     def __enter__(self):
-        self._bar.__enter__()
+        self.display.__enter__()
         return self
 
     def __exit__(self, *exc):
-        return self._bar.__exit__(*exc)
+        return self.display.__exit__(*exc)
 
     def info(self) -> str:
         seconds = max(time.monotonic() - self.t0, 1e-9)
@@ -407,14 +400,9 @@ class Progress:
         self._update()
 
     def _update(self) -> None:
-        self._bar.update(self._task, completed=self.done, info=self.info())
-        now = time.monotonic()
-        if not self.live and now - self._last >= self.every_s:
-            self._last = now
-            rate = self.done / max(now - self.t0, 1e-9)
-            eta = (self.total - self.done) / rate if rate > 0 else float("nan")
-            self.console.print(f"regenerate: {self.done:,}/{self.total:,} conversations  "
-                               f"{self.info()}  eta {eta / 60:,.1f} min", soft_wrap=True)
+        rate = self.done / max(time.monotonic() - self.t0, 1e-9)
+        eta = f"  eta {(self.total - self.done) / rate / 60:,.1f} min" if self.done else ""
+        self.display.update(self.done, info=self.info() + eta)
 
 
 def run(cfg: RegenerateConfig, console) -> Counts:
