@@ -209,6 +209,12 @@ def mesh_axis(logical: str) -> str | None:
     return RULES.get(logical)
 
 
+def batch_ways(mesh: Mesh) -> int:
+    """How many ways the mesh splits a batch (rows must be a multiple of it)."""
+    axis = RULES["batch"]
+    return mesh.shape[axis] if axis else 1
+
+
 def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
     """Sharding constraint by logical axes; a no-op outside `use_mesh` or on one device."""
     mesh = _ACTIVE.get()

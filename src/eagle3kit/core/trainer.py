@@ -28,7 +28,7 @@ from eagle3kit.core import draft, ttt
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.metrics import StepCounts
 from eagle3kit.core.optim import OptimConfig, make_optimizer, schedule
-from eagle3kit.core.sharding import init_weights, shardings, use_mesh
+from eagle3kit.core.sharding import init_weights, shardings, spec_for, use_mesh
 
 
 @jax.tree_util.register_dataclass
@@ -64,8 +64,9 @@ class Trainer:
         self.lr_at = schedule(optim)
         self.replicated = NamedSharding(mesh, PartitionSpec())
         # [A, B, T] batches: rows split over `data`
-        self.batch_sharding = NamedSharding(mesh, PartitionSpec(None, "data", None))
-        self.eval_batch_sharding = NamedSharding(mesh, PartitionSpec("data", None))
+        # batch layouts from the rules table: [micro-batches, rows, tokens] and [rows, tokens]
+        self.batch_sharding = NamedSharding(mesh, spec_for((None, "batch", None)))
+        self.eval_batch_sharding = NamedSharding(mesh, spec_for(("batch", None)))
         abstract = draft.DraftWeights.abstract(dcfg, jnp.float32)
         self.param_shardings = shardings(abstract, mesh)
         self._abstract_params = abstract

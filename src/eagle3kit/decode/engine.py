@@ -41,7 +41,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
-from eagle3kit.core.sharding import spec_for, use_mesh
+from eagle3kit.core.sharding import batch_ways, spec_for, use_mesh
 from eagle3kit.errors import ResourceError
 
 MIN_PREFILL = 128  # shortest prefill bucket (tokens), unless prefill_chunk is shorter
@@ -236,7 +236,7 @@ class Engine:
 
     def __init__(self, tcfg: TargetConfig, weights: target.TargetWeights, mesh: Mesh,
                  stop_ids: Sequence[int], cfg: EngineConfig):
-        data = mesh.shape["data"]
+        data = batch_ways(mesh)
         if cfg.rows % data:
             raise ResourceError(f"{cfg.rows} rows cannot be split over data={data} devices; "
                                 "use a multiple of the data axis")
@@ -323,7 +323,7 @@ class Engine:
 
     def _prefill_group(self, members, start, first, t, window) -> list[Completion]:
         c = self.cfg.rows
-        p = min(_rows_bucket(len(members), max(self.mesh.shape["data"], c // 16)), c)
+        p = min(_rows_bucket(len(members), max(batch_ways(self.mesh), c // 16)), c)
         tokens = np.zeros((p, t), np.int32)
         rows = np.full((p,), c, np.int32)  # padding rows write nowhere
         starts, lengths = np.zeros((p,), np.int32), np.ones((p,), np.int32)

@@ -25,7 +25,7 @@ from eagle3kit.core import ttt
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
-from eagle3kit.core.sharding import make_mesh
+from eagle3kit.core.sharding import batch_ways, make_mesh, parse_mesh_spec
 from eagle3kit.core.trainer import Trainer
 from eagle3kit.data.chat import prompt_ids
 from eagle3kit.data.fingerprint import Fingerprint
@@ -140,10 +140,10 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     prompts = load_prompts(cfg.prompts, cfg.limit) if generate else None
     docs = None if generate else common.read_docs(cfg.data, key, cfg.seq_len)
     mesh = generation_mesh(cfg.mesh) if generate else make_mesh(cfg.mesh)
-    rows = mesh.shape["data"] if generate else cfg.batch_size
-    if rows % mesh.shape["data"]:
+    rows = batch_ways(mesh) if generate else cfg.batch_size
+    if rows % batch_ways(mesh):
         raise UserError(f"--batch-size {rows} must be a multiple of the data axis "
-                        f"({mesh.shape['data']})")
+                        f"({batch_ways(mesh)})")
     dtype, target_dtype = common.DTYPES[cfg.dtype], common.DTYPES[cfg.target_dtype]
     t0 = time.perf_counter()
     target_w = load_target(ckpt, mesh, target_dtype)
@@ -269,19 +269,19 @@ def stop_ids(tokenizer: Any, ckpt: TargetCheckpoint) -> list[int]:
 
 
 def generation_mesh(spec: str | None):
-    """Generation decodes one sequence: data=1, the target split over `tensor` devices."""
-    sizes = {"data": 1, "tensor": 1}
-    for part in (spec or "").split(","):
-        name, _, value = part.partition("=")
-        if not part.strip():
-            continue
-        if name.strip() not in sizes or not value.strip().isdigit():
-            raise UserError(f"bad --mesh {spec!r}: expected tensor=N")
-        sizes[name.strip()] = int(value)
-    if sizes["data"] != 1:
+    """Generation decodes one sequence: data=1, the target split over `tensor` devices
+    (`--mesh tensor=N`; the one mesh parser, `sharding.parse_mesh_spec`)."""
+    given = spec or ""
+    full = ",".join(filter(None, ("" if "data" in given else "data=1", given,
+                                  "" if "tensor" in given else "tensor=1")))
+    try:
+        data, tensor = parse_mesh_spec(full, len(jax.devices()))
+    except UserError as e:  # say it of the --mesh the user wrote
+        raise type(e)(str(e).replace(repr(full), repr(given))) from None
+    if data != 1:
         raise UserError("--mode generate decodes one sequence at a time: use --mesh tensor=N "
                         "(data must be 1)")
-    return make_mesh(f"data=1,tensor={sizes['tensor']}", jax.devices()[: sizes["tensor"]])
+    return make_mesh(f"data=1,tensor={tensor}", jax.devices()[:tensor])
 
 
 def _device() -> str:

@@ -26,7 +26,7 @@ from eagle3kit.core import ttt
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.metrics import summarize
-from eagle3kit.core.sharding import make_mesh, shardings, to_host
+from eagle3kit.core.sharding import batch_ways, make_mesh, shardings, to_host
 from eagle3kit.core.target import TargetWeights
 from eagle3kit.core.trainer import Trainer, put_batch
 from eagle3kit.data.fingerprint import require_same
@@ -251,9 +251,9 @@ def _check_and_load(cfg: TrainConfig) -> _Setup:
                   f"{tcfg.vocab_size}",
     }
     mesh = make_mesh(cfg.mesh)
-    if cfg.batch_size % mesh.shape["data"]:
+    if cfg.batch_size % batch_ways(mesh):
         raise UserError(f"--batch-size {cfg.batch_size} must be a multiple of the data axis "
-                        f"({mesh.shape['data']}); rows are split over data-parallel devices")
+                        f"({batch_ways(mesh)}); rows are split over data-parallel devices")
     shardings(TargetWeights.abstract(tcfg), mesh)  # a mesh that cannot split the heads: now
     init = _init_params(cfg, ckpt, key)
     dcfg = init.config if init else DraftConfig.for_target(tcfg, vocab.draft_size,
