@@ -436,6 +436,7 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
     """Generation with the batched engine on this machine's devices."""
     from eagle3kit.data.tokenizer import load_chat_template
     from eagle3kit.io.hf import resolve_target
+    from eagle3kit.jobs.evaluate import stop_ids
 
     tokenizer, key = common.target_tokenizer(cfg.target, required=True)
     template = load_chat_template(cfg.chat_template) if cfg.chat_template else None
@@ -452,7 +453,7 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
                           cfg.thinking)
     check_resume(cfg, info, previous)
     work = plan_work(records, done, cfg.turns == "first", counts)
-    stops = set(stop_token_ids(tokenizer, ckpt.hf_config))
+    stops = set(stop_ids(tokenizer, ckpt))  # eval's rule: eos of tokenizer and config
     engine = make_engine(cfg, ckpt, stops, console)
     progress = Progress(console, len(work))
     try:
@@ -467,18 +468,6 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
         seconds = time.monotonic() - progress.t0
         console.print(f"regenerate: {counts.summary()}; {progress.info()} over "
                       f"{seconds:,.1f}s", soft_wrap=True)
-
-
-def stop_token_ids(tokenizer: Any, hf_config: dict[str, Any]) -> list[int]:
-    """Tokens that end an answer: the tokenizer's eos and every eos id of the target config
-    (Llama-3 lists <|eot_id|> and <|eom_id|> there)."""
-    ids = set()
-    for value in (tokenizer.eos_token_id, hf_config.get("eos_token_id")):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(v) for v in value)
-    return sorted(ids)
 
 
 def compile_cache() -> None:
