@@ -25,7 +25,6 @@ import optax
 from eagle3kit.core import draft, target, ttt
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
-from eagle3kit.core.layers import causal_mask
 from eagle3kit.core.vocab import VocabMap
 from tests import assets
 
@@ -105,7 +104,7 @@ def _rollout(tcfg, tw, dcfg, w, vocab, batch):
     for k in range(K):
         hidden, key, value, _, _ = ttt._one_step(
             w, hidden, ttt._shift(sig.embeds_BxTxD, 1 + k), batch.positions + k, keys, values,
-            causal_mask(batch.segment_ids), sig.probs_BxTxVd, sig.argmax_BxT, valid[k],
+            batch.segment_ids, sig.probs_BxTxVd, sig.argmax_BxT, valid[k],
             sig.in_draft_BxT, vocab, cfg=dcfg, k=k)
         keys.append(key)
         values.append(value)
