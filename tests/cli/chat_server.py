@@ -2,8 +2,9 @@
 
 Answers are a deterministic function of the request, so two runs can be compared byte for
 byte. It can refuse prompts (HTTP 400 for a user message containing TOOLONG), fail now and
-then (503 on every `flaky`-th request, which a retry gets past) or go down for good after
-`up_for` answers; it records every request body it was sent.
+then (the first attempt of every `flaky`-th distinct request gets a 503, which a retry gets
+past) or go down for good after `up_for` answers; it records every request body it was
+sent.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class ChatServer:
         self.flaky, self.up_for = flaky, up_for
         self.bodies: list[dict] = []
         self.calls = 0
+        self.failed: set[str] = set()  # requests already failed once (flaky)
         self.lock = threading.Lock()
         server = self
 
@@ -38,13 +40,18 @@ class ChatServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                key = json.dumps(body, sort_keys=True)
                 with server.lock:
                     server.calls += 1
                     calls = server.calls
                     answered = len(server.bodies)
+                    flake = (server.flaky and calls % server.flaky == 0
+                             and key not in server.failed)
+                    if flake:
+                        server.failed.add(key)
                 if server.up_for is not None and answered >= server.up_for:
                     return self._send(503, {"error": {"message": "down for maintenance"}})
-                if server.flaky and calls % server.flaky == 0:
+                if flake:  # once per request: its retry succeeds
                     return self._send(503, {"error": {"message": "busy"}})
                 user = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
                 if "TOOLONG" in user:

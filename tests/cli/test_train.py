@@ -413,11 +413,15 @@ def _wait_for_handlers(p: subprocess.Popen) -> None:
 
 
 def _wait_for_rows(run: Path, n: int, p: subprocess.Popen) -> None:
+    """Until `n` training steps are logged (held-out eval rows do not count)."""
     deadline = time.time() + 120
     while time.time() < deadline and p.poll() is None:
         path = run / "metrics.jsonl"
-        if path.exists() and len(path.read_text().splitlines()) >= n:
-            return
+        if path.exists():
+            lines = path.read_text().splitlines(keepends=True)
+            done = [x for x in lines if x.endswith("\n") and not json.loads(x).get("eval")]
+            if len(done) >= n:
+                return
         time.sleep(0.005)
 
 
