@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# One compilation cache per test session, shared with the subprocesses the CLI tests start:
-# a resumed or repeated `train` compiles its step once per session, not once per process.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
-                      tempfile.mkdtemp(prefix="eagle3kit-test-xla-cache-"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 
 import jax  # noqa: E402
 
