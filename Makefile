@@ -43,10 +43,8 @@ $(TEST_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(TEST_STAMP)
 
-# Two workers (one per core of the CI machine), each test module on one worker so its
-# fixtures are built once: the suite takes about two thirds of its serial time.
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
