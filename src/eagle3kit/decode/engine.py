@@ -246,6 +246,7 @@ class Engine:
         # per-layer weights: see target.LayerList (the caller may drop the stacked ones)
         self.w = jax.jit(target.unstack, static_argnums=1)(weights, tcfg)
         self.stop_ids = jnp.asarray(sorted(set(stop_ids)) or [-1], jnp.int32)
+        self._stops = set(int(s) for s in stop_ids)  # the host's copy, for _emit
         self.base_key = jax.random.key(cfg.seed)
         self.rows: list[_Row | None] = [None] * cfg.rows
         self.generated_tokens = 0
@@ -371,11 +372,10 @@ class Engine:
         """Appends a row's new tokens; retires it when a stop token or its limit ends it (the
         device applied the same rule, so the row is already idle there)."""
         row = self.rows[i]
-        stops = set(int(s) for s in np.asarray(self.stop_ids))
         for tok in tokens:
             row.tokens.append(tok)
             self.generated_tokens += 1
-            stopped = tok in stops
+            stopped = tok in self._stops
             if stopped or len(row.tokens) >= row.request.max_new_tokens:
                 self.rows[i] = None
                 return [Completion(row.request.handle, len(row.request.prompt), row.tokens,

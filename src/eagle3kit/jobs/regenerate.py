@@ -132,10 +132,6 @@ class Counts:
                 + (f"; {self.cut_conversations:,} conversations end early (context)"
                    if self.cut_conversations else ""))
 
-    def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["dropped"] = dict(self.dropped)
-        return d
 
 
 # ---- input, resume, output -------------------------------------------------------------------
@@ -342,14 +338,19 @@ def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int], stop: Pree
         return Request((w, ids), ids, min(cfg.max_new_tokens, cfg.max_context - len(ids)),
                        request_seed(w.record.id, w.occurrence, turn))
 
+    def next_turn(w: Work, first: bool) -> None:
+        """Queues the dialogue's next turn (a started one's at the front), or finishes it."""
+        ids = runner.prompt_ids(w)
+        if ids is None:
+            runner.finish(w)
+        elif first:
+            queue.append(request(w, ids))
+        else:
+            queue.appendleft(request(w, ids))
+
     def top_up() -> None:
         while pending and len(queue) < max(engine.free_rows, 1):
-            w = pending.popleft()
-            ids = runner.prompt_ids(w)
-            if ids is None:
-                runner.finish(w)
-            else:
-                queue.append(request(w, ids))
+            next_turn(pending.popleft(), first=True)
 
     top_up()
     while queue or engine.busy:
@@ -360,11 +361,7 @@ def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int], stop: Pree
             w, ids = c.handle
             runner.answered(w, conv.answer_text(tokenizer, c.tokens, stop_ids), len(ids),
                             len(c.tokens), c.finish_reason)
-            nxt = runner.prompt_ids(w)
-            if nxt is None:
-                runner.finish(w)
-            else:
-                queue.appendleft(request(w, nxt))
+            next_turn(w, first=False)
         top_up()
         runner.progress.tokens(engine.generated_tokens)
 
