@@ -21,6 +21,7 @@ from eagle3kit.core import target
 from eagle3kit.decode import draft_cache, tree
 from eagle3kit.decode.runner import Decoder
 from eagle3kit.decode.speculative import DecodeConfig
+from tests.decode import accepting
 from tests.decode.test_speculative import P_MIN, chi_square_p_value
 
 # S = 3 steps of top-2: step 0 proposes 0, 1; step 1 expands both (2..5); step 2 expands the
@@ -355,3 +356,23 @@ def test_sampled_trees_emit_the_targets_distribution(case, sampled_draws):
         full = a == SAMPLED_S
         assert full.sum() > 2000 and (path[full, 3] == 7).all()
         assert chi_square_p_value([(x[full, 3], p[7])]) > P_MIN
+
+
+def test_sampled_tree_decoding_runs_and_accepts(accepting_draft):
+    """Decoder end to end at temperature 0.8 with top-2 trees and the draft trained on the
+    target's greedy answers: every answer is full length in valid ids, and the tree's
+    accepted paths are committed in some steps (the greedy tests check commits' contents)."""
+    acc = accepting_draft
+    dec = DecodeConfig(steps=2, topk=2, draft_tokens=5, temperature=0.8,
+                       max_new_tokens=accepting.NEW)  # depth 2: a third less to compile
+    decoder = Decoder(acc.tcfg, acc.dcfg, acc.target_w, acc.draft_w, acc.vocab, dec, [],
+                      acc.mesh)
+    accepted = []
+    for seed, prompt in enumerate(acc.prompts):
+        r = decoder.speculative(prompt, seed=seed)
+        assert len(r.generated_ids) == accepting.NEW
+        assert all(0 <= i < acc.tcfg.vocab_size for i in r.generated_ids)
+        assert 1 + sum(a + 1 for a in r.accept_lengths) >= accepting.NEW
+        assert all(0 <= a <= dec.steps for a in r.accept_lengths)
+        accepted += r.accept_lengths
+    assert max(accepted) > 0, accepted
