@@ -304,9 +304,8 @@ def test_sampled_acceptance_equals_a_plain_walk_on_fixed_uniforms(case):
         assert (int(a[i]), paths[i, : len(want)].tolist(), int(bonus[i])) == (
             len(want) - 1, want, want_bonus), i
         lengths.add(len(want) - 1)
-    # every depth occurs in "siblings" (a full path too), and the residual in both
-    assert lengths == ({0, 1, 2, 3} if case == "siblings" else {0, 1} | (lengths - {0, 1}))
-    assert 0 in lengths
+    # every depth occurs in "siblings" (a full path too), the residual's bonus in both
+    assert lengths >= ({0, 1, 2, 3} if case == "siblings" else {0})
 
 
 DRAWS = 40000
@@ -361,18 +360,20 @@ def test_sampled_trees_emit_the_targets_distribution(case, sampled_draws):
 def test_sampled_tree_decoding_runs_and_accepts(accepting_draft):
     """Decoder end to end at temperature 0.8 with top-2 trees and the draft trained on the
     target's greedy answers: every answer is full length in valid ids, and the tree's
-    accepted paths are committed in some steps (the greedy tests check commits' contents)."""
+    accepted paths are committed in some steps (the greedy tests check commits' contents),
+    and the answers are samples, not the greedy ones."""
     acc = accepting_draft
     dec = DecodeConfig(steps=2, topk=2, draft_tokens=5, temperature=0.8,
                        max_new_tokens=accepting.NEW)  # depth 2: a third less to compile
     decoder = Decoder(acc.tcfg, acc.dcfg, acc.target_w, acc.draft_w, acc.vocab, dec, [],
                       acc.mesh)
-    accepted = []
-    for seed, prompt in enumerate(acc.prompts):
+    accepted, sampled = [], False
+    for seed, (prompt, greedy) in enumerate(zip(acc.prompts, acc.greedy, strict=True)):
         r = decoder.speculative(prompt, seed=seed)
+        sampled |= r.generated_ids != greedy[: accepting.NEW]  # not the greedy rule
         assert len(r.generated_ids) == accepting.NEW
         assert all(0 <= i < acc.tcfg.vocab_size for i in r.generated_ids)
         assert 1 + sum(a + 1 for a in r.accept_lengths) >= accepting.NEW
         assert all(0 <= a <= dec.steps for a in r.accept_lengths)
         accepted += r.accept_lengths
-    assert max(accepted) > 0, accepted
+    assert max(accepted) > 0 and sampled, accepted
