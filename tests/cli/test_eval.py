@@ -331,7 +331,6 @@ def test_option_mistakes(tiny, args, message):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--topk", "2", "--temperature", "0.7"], "verifies greedily only"),
     (["--draft-tokens", "9"], "--steps 3 --topk 1 --draft-tokens 9: a chain"),
     (["--topk", "2", "--draft-tokens", "12"], "outside 2..11"),
 ])

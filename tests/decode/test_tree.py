@@ -2,10 +2,14 @@
 
 The tree's structure, mask and accepted path are checked against plain-Python walks over a
 hand-built candidate set; the tree forward against the target run along each root-to-node
-path on its own; whole decoding against plain greedy decoding (fp32, tiny target).
+path on its own; whole decoding against plain greedy decoding (fp32, tiny target). Sampled
+verification: against a plain-numpy walk on fixed uniforms, and its emitted tokens against
+the target's distribution by chi-square over many keys.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +21,8 @@ from eagle3kit.core import target
 from eagle3kit.decode import draft_cache, tree
 from eagle3kit.decode.runner import Decoder
 from eagle3kit.decode.speculative import DecodeConfig
+from tests.decode import accepting
+from tests.decode.test_speculative import P_MIN, chi_square_p_value
 
 # S = 3 steps of top-2: step 0 proposes 0, 1; step 1 expands both (2..5); step 2 expands the
 # two best of those, 2 (-0.3) and 4 (-1.2), into 6..9. (token, parent candidate, score)
@@ -204,8 +210,176 @@ def test_tree_greedy_decoding_equals_plain_greedy(tiny):
 
 def test_tree_shapes_sglang_refuses_are_refused():
     for bad, why in ((DecodeConfig(steps=3, topk=1, draft_tokens=6), "chain"),
-                     (DecodeConfig(steps=2, topk=2, draft_tokens=8), "outside 2..7"),
-                     (DecodeConfig(steps=3, topk=2, temperature=0.7), "greedily")):
+                     (DecodeConfig(steps=2, topk=2, draft_tokens=8), "outside 2..7")):
         with pytest.raises(ValueError, match=why):
             bad.check()
     DecodeConfig(steps=2, topk=2, draft_tokens=7).check()
+    DecodeConfig(steps=3, topk=2, temperature=0.7).check()  # sampled trees are served too
+
+
+# ---- sampled verification -------------------------------------------------------------------
+
+# A hand-built tree of depth S = 3 over a target vocab of 12 (node: token, parent): the root
+# has three children, node 1 two (one of which reaches full depth), node 2 one; token 2 sits
+# under two parents. Nodes are in parent-first order, siblings by descending draft score.
+SAMPLED_TOKENS = [0, 3, 5, 7, 2, 9, 2, 4]
+SAMPLED_PARENTS = [0, 0, 0, 0, 1, 1, 2, 4]
+SAMPLED_V, SAMPLED_S = 12, 3
+SAMPLED_CASES = {"siblings": 1.0, "unlikely": 0.7}  # case (see sampled_logits): temperature
+
+
+def make_tree(tokens, parents) -> tree.Tree:
+    n = len(tokens)
+    anc = np.eye(n, dtype=bool)
+    for t in range(1, n):
+        anc[t] |= anc[parents[t]]
+    return tree.Tree(jnp.asarray(tokens, jnp.int32), jnp.asarray(parents, jnp.int32),
+                     jnp.asarray(anc), jnp.asarray(anc.sum(-1) - 1, jnp.int32),
+                     jnp.zeros(n, jnp.float32))
+
+
+def sampled_logits(case: str) -> np.ndarray:
+    """[N, V] target logits after each node (the target's rows ignore the real context).
+
+    "siblings": the root's children hold 0.35, 0.25, 0.15 of its p, so the first is often
+    rejected and the next accepted; node 1's children and node 4's child are likely, so
+    full-depth acceptance is common. "unlikely": the draft's children are tokens the target
+    rarely emits (q, which ranks them top, is far from p): most steps end in the residual.
+    """
+    rng = np.random.default_rng(7)
+    logits = rng.normal(size=(len(SAMPLED_TOKENS), SAMPLED_V)) * 0.5
+    children = {t: [c for c in range(1, len(SAMPLED_TOKENS)) if SAMPLED_PARENTS[c] == t]
+                for t in range(len(SAMPLED_TOKENS))}
+    for node, kids in children.items():
+        if not kids:
+            continue
+        want = {"siblings": [0.35, 0.25, 0.15][: len(kids)] if node == 0 else
+                [0.5, 0.2][: len(kids)],
+                "unlikely": [0.01, 0.03, 0.02][: len(kids)]}[case]
+        row = np.exp(logits[node])
+        others = np.ones(SAMPLED_V, bool)
+        others[[SAMPLED_TOKENS[c] for c in kids]] = False
+        row[others] *= (1 - sum(want)) / row[others].sum()
+        row[[SAMPLED_TOKENS[c] for c in kids]] = want
+        logits[node] = np.log(row)
+    return logits
+
+
+def reference_sampled_walk(u, u_bonus, p, tokens, parents):
+    """The rule spelled out (float64): children in order against the residual r, accepted
+    when u < r(c) / sum(r), else r <- max(0, r - one-hot(c)); the bonus by inverse CDF."""
+    path, cur = [0], 0
+    while True:
+        r = p[cur].astype(np.float64).copy()
+        for c in (c for c in range(1, len(tokens)) if parents[c] == cur):
+            if u[c] < r[tokens[c]] / r.sum():
+                path.append(c)
+                break
+            r = np.maximum(r - np.eye(len(r))[tokens[c]], 0.0)
+        else:
+            cdf = np.cumsum(r / r.sum())
+            return path, int(np.searchsorted(cdf, u_bonus * cdf[-1], side="right"))
+        cur = path[-1]
+
+
+@functools.partial(jax.jit, static_argnums=3)
+@functools.partial(jax.vmap, in_axes=(0, None, None, None, None))
+def _walks(u_N1, logits_NxV, t, steps, temperature):
+    return tree.accept_with_uniforms(u_N1[:-1], u_N1[-1], logits_NxV, t, steps, temperature)
+
+
+@pytest.mark.parametrize("case", list(SAMPLED_CASES))
+def test_sampled_acceptance_equals_a_plain_walk_on_fixed_uniforms(case):
+    temperature = SAMPLED_CASES[case]
+    t = make_tree(SAMPLED_TOKENS, SAMPLED_PARENTS)
+    logits = jnp.asarray(sampled_logits(case), jnp.float32)
+    u = np.random.default_rng(2).random((300, len(SAMPLED_TOKENS) + 1)).astype(np.float32)
+    paths, a, bonus = (np.asarray(x) for x in _walks(jnp.asarray(u), logits, t, SAMPLED_S,
+                                                     jnp.float32(temperature)))
+    p = np.asarray(jax.nn.softmax(logits / temperature, axis=-1), np.float64)
+    lengths = set()
+    for i in range(len(u)):
+        want, want_bonus = reference_sampled_walk(u[i, :-1], u[i, -1], p, SAMPLED_TOKENS,
+                                                  SAMPLED_PARENTS)
+        assert (int(a[i]), paths[i, : len(want)].tolist(), int(bonus[i])) == (
+            len(want) - 1, want, want_bonus), i
+        lengths.add(len(want) - 1)
+    # every depth occurs in "siblings" (a full path too), the residual's bonus in both
+    assert lengths >= ({0, 1, 2, 3} if case == "siblings" else {0})
+
+
+DRAWS = 40000
+
+
+@pytest.fixture(scope="module")
+def sampled_draws():
+    """DRAWS runs of accept_sampled per case, both cases in one compiled call -> per case
+    (emitted tokens [DRAWS, S+1], -1 past the bonus; a; path; p [N, V] float64)."""
+    t = make_tree(SAMPLED_TOKENS, SAMPLED_PARENTS)
+    logits = jnp.asarray(np.stack([sampled_logits(c) for c in SAMPLED_CASES]), jnp.float32)
+    temps = jnp.asarray(list(SAMPLED_CASES.values()), jnp.float32)
+
+    def one(key, logits_NxV, temperature):
+        path, a, bonus = tree.accept_sampled(key, logits_NxV, t, SAMPLED_S, temperature)
+        steps = jnp.arange(SAMPLED_S + 1)
+        ids = t.tokens[jnp.roll(path, -1)]
+        return jnp.where(steps < a, ids, jnp.where(steps == a, bonus, -1)), a, path
+
+    per_key = jax.vmap(one, in_axes=(0, None, None))
+    run = jax.jit(jax.vmap(per_key, in_axes=(None, 0, 0)))
+    x, a, path = (np.asarray(v) for v in run(jax.random.split(jax.random.key(0), DRAWS),
+                                              logits, temps))
+    p = np.asarray(jax.nn.softmax(logits / temps[:, None, None], axis=-1), np.float64)
+    return {c: (x[i], a[i], path[i], p[i]) for i, c in enumerate(SAMPLED_CASES)}
+
+
+@pytest.mark.parametrize("case", list(SAMPLED_CASES))
+def test_sampled_trees_emit_the_targets_distribution(case, sampled_draws):
+    """The first emitted token follows p at the root; given the path went through node 1
+    (token 3) or node 2 (token 5), the second follows p at that node; after a full-depth
+    path (root-3-2-4) the bonus follows p at the leaf, unchanged. One chi-square statistic
+    for the first tokens and the conditionals, one for the full-depth bonus; with a fixed
+    key, P_MIN = 1e-4 is how unlikely a correct sampler would have to be to fail."""
+    x, a, path, p = sampled_draws[case]
+    groups = [(x[:, 0], p[0])]
+    for node, token in ((1, 3), (2, 5)):
+        went = x[:, 0] == token
+        groups.append((x[went, 1], p[node]))
+    assert len(groups[0][0]) == DRAWS and min(len(s) for s, _ in groups) > (
+        1000 if case == "siblings" else 50)
+    assert chi_square_p_value(groups) > P_MIN
+    # siblings: the first child rejected and the second accepted happens (q = one-hot
+    # ranks them; the residual decides), so the test reaches the residual update
+    assert ((path[:, 1] == 2).mean() > 0.1) == (case == "siblings")
+    if case == "siblings":
+        full = a == SAMPLED_S
+        assert full.sum() > 2000 and (path[full, 3] == 7).all()
+        assert chi_square_p_value([(x[full, 3], p[7])]) > P_MIN
+
+
+def test_sampled_tree_decoding_runs_and_accepts(accepting_draft):
+    """Decoder end to end at temperature 0.8 with top-2 trees and the draft trained on the
+    target's greedy answers: every answer is full length in valid ids, and the tree's
+    accepted paths are committed in some steps (the greedy tests check commits' contents),
+    and the tokens are samples, not the target's argmax after their prefix."""
+    acc = accepting_draft
+    dec = DecodeConfig(steps=2, topk=2, draft_tokens=5, temperature=0.8,
+                       max_new_tokens=accepting.NEW)  # depth 2: a third less to compile
+    decoder = Decoder(acc.tcfg, acc.dcfg, acc.target_w, acc.draft_w, acc.vocab, dec, [],
+                      acc.mesh)
+    accepted, sampled = [], False
+    for seed, prompt in enumerate(acc.prompts):
+        r = decoder.speculative(prompt, seed=seed)
+        # the target's argmax after every prefix (one cache-free forward): greedy
+        # verification would emit exactly these after the (sampled) first token
+        seq = np.zeros((1, accepting.T), np.int32)
+        seq[0, : len(prompt) + accepting.NEW] = prompt + r.generated_ids
+        best = np.asarray(accepting._argmax_all(acc.tcfg, acc.target_w, jnp.asarray(seq)))
+        sampled |= r.generated_ids[1:] != best[len(prompt): len(prompt) + accepting.NEW - 1
+                                               ].tolist()
+        assert len(r.generated_ids) == accepting.NEW
+        assert all(0 <= i < acc.tcfg.vocab_size for i in r.generated_ids)
+        assert 1 + sum(a + 1 for a in r.accept_lengths) >= accepting.NEW
+        assert all(0 <= a <= dec.steps for a in r.accept_lengths)
+        accepted += r.accept_lengths
+    assert max(accepted) > 0 and sampled, accepted

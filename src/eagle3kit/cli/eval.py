@@ -19,6 +19,8 @@ eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2
   --plot acceptance.png --json >> evals.jsonl
 eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
   --prompts mt-bench --steps 5 --topk 4 --draft-tokens 8 --json >> evals.jsonl
+eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
+  --prompts mt-bench --steps 5 --topk 4 --draft-tokens 8 --temperature 0.7
 """
 
 
@@ -39,14 +41,18 @@ def eval_cmd(
                                      f"{TTTSettings().steps})."),
     topk: int = typer.Option(1, min=1, max=16, help="Generation: children of each expanded "
                              "tree node (SGLang's --speculative-eagle-topk; 1 is a chain); "
-                             "--steps is then the tree's depth (--speculative-num-steps)."),
+                             "--steps is then the tree's depth (--speculative-num-steps). "
+                             "Trees verify greedily at --temperature 0, by tree speculative "
+                             "sampling above it."),
     draft_tokens: int | None = typer.Option(None, min=2, help="Generation: tree nodes "
                                             "verified per step, the root included (SGLang's "
                                             "--speculative-num-draft-tokens; default steps "
                                             "+ 1, the chain)."),
     max_new_tokens: int = typer.Option(256, min=1, help="Generation: tokens per answer."),
     temperature: float = typer.Option(0.0, min=0.0, help="Generation: 0 is greedy "
-                                      "(lossless); above 0, speculative sampling."),
+                                      "(lossless); above 0, speculative sampling (chains "
+                                      "and trees alike), distributed as the target's own "
+                                      "sampling at that temperature."),
     limit: int | None = typer.Option(None, min=1, help="Generation: only the first N "
                                      "conversations of the prompt set."),
     samples: Path | None = typer.Option(None, help="Generation: write one JSONL record per "

@@ -12,7 +12,9 @@ One verify step (committed x_0..x_n, x_n the target's newest token):
 Temperature > 0 uses the speculative-sampling rule (Leviathan et al. 2023, Chen et al. 2023):
 accept d_j with probability min(1, p(d_j) / q(d_j)), else draw the target's token from
 norm(max(0, p - q)); q lives on the draft vocab and is mapped to target ids. The output is then
-distributed exactly as sampling from the target alone.
+distributed exactly as sampling from the target alone. Trees (topk > 1) verify with
+`tree.accept_greedy` or, above temperature 0, `tree.accept_sampled` (tree speculative
+sampling, equally exact).
 
 Both loops are one `lax.while_loop` each with static shapes (the prompt padded to a bucket,
 K+1 tokens per verify), so the host never syncs per token. Shapes: P padded prompt, S cache
@@ -51,7 +53,7 @@ class DecodeConfig:
         return self.topk > 1
 
     def check(self) -> None:
-        """Raises ValueError for shapes SGLang would refuse too, and sampled trees."""
+        """Raises ValueError for shapes SGLang would refuse too."""
         most = tree.candidate_count(self.steps, self.topk) + 1
         if self.topk < 1 or self.steps < 1:
             raise ValueError("steps and topk must be >= 1")
@@ -61,9 +63,6 @@ class DecodeConfig:
         if not 2 <= self.nodes <= most:
             raise ValueError(f"draft tokens {self.nodes} outside 2..{most}: {self.steps} "
                              f"steps of top-{self.topk} propose {most - 1} candidates")
-        if self.is_tree and self.temperature > 0:
-            raise ValueError("tree drafting (topk > 1) verifies greedily only: use "
-                             "temperature 0, or topk 1 for speculative sampling")
 
 
 @jax.tree_util.register_dataclass
@@ -194,13 +193,17 @@ def _verify_chain(target_w, draft_w, vocab, x_n, h_last, n, tcache, dcache, key,
 
 def _verify_tree(target_w, draft_w, vocab, x_n, h_last, n, tcache, dcache, key, *, tcfg,
                  dcfg, dec):
-    """One tree verify step (greedy), returning what `_verify_chain` does: the target's
-    output is gathered along the accepted path and its keys moved to slots n..n+a."""
-    del key  # greedy only
+    """One tree verify step, returning what `_verify_chain` does: the target's output is
+    gathered along the accepted path and its keys moved to slots n..n+a. The tree is the
+    draft's top-k either way; above temperature 0 only the acceptance samples."""
     t = tree.draft_tree(draft_w, dcfg, target_w, vocab, h_last, x_n, n, dcache,
                         steps=dec.steps, topk=dec.topk, nodes=dec.nodes)
     out, tcache = tree.forward_tree(target_w, tcfg, t, n, tcache, dcfg.aux_layer_ids)
-    path, a, bonus = tree.accept_greedy(_logits(target_w, out.hidden_BxTxD), t, dec.steps)
+    logits = _logits(target_w, out.hidden_BxTxD)
+    if dec.temperature == 0:
+        path, a, bonus = tree.accept_greedy(logits, t, dec.steps)
+    else:
+        path, a, bonus = tree.accept_sampled(key, logits, t, dec.steps, dec.temperature)
     tcache = tree.commit_path(tcache, path, n)
     ids = t.tokens[jnp.roll(path, -1)]  # the path's tokens after the root
     new = jnp.where(jnp.arange(dec.steps + 1) < a, ids, bonus)

@@ -18,8 +18,11 @@ every ancestor of every node it holds. Nodes are ordered by candidate index: par
 The target verifies the N tokens in one forward: node t sits at position n + depth(t) and
 sees the committed prefix plus its ancestors and itself (`ancestors_NxN`). At temperature 0
 the accepted path is the deepest node whose every node equals the target's argmax after its
-parent; its keys are then moved to the contiguous slots n..n+a, and the draft's step-0
-entries of those columns are recomputed from the target's states at the path's nodes.
+parent; above 0 it is walked by tree speculative sampling (`accept_sampled`: each child in
+turn against the target's residual distribution, the draft's top-k taken as one-hot drafts,
+as SGLang's `tree_speculative_sampling_target_only` does). The path's keys are then moved
+to the contiguous slots n..n+a, and the draft's step-0 entries of those columns are
+recomputed from the target's states at the path's nodes.
 
 The draft's entries of tree nodes live in a small buffer of (S-1)*k rows beside its cache:
 each attends to the committed step-0 entries (slots < n) and to its own ancestors' entries.
@@ -98,6 +101,77 @@ def accept_greedy(target_logits_NxV: jax.Array, tree: Tree, steps: int
     at_depth = tree.ancestors[last][None, :] & (tree.depth[None, :] == depths)
     path = jnp.argmax(at_depth, axis=-1).astype(jnp.int32)
     return path, a, best[last]
+
+
+def accept_sampled(key: jax.Array, target_logits_NxV: jax.Array, tree: Tree, steps: int,
+                   temperature: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Tree speculative sampling -> what `accept_greedy` returns; the emitted tokens (the
+    path's, then the bonus) are distributed as sampling the target alone at `temperature`.
+
+    Needs nothing beyond accept_greedy's inputs: the draft's probabilities are not used (see
+    `accept_with_uniforms` for why). Draws N + 1 uniforms from `key`: one per node, one for
+    the bonus.
+    """
+    u = jax.random.uniform(key, (tree.tokens.shape[0] + 1,))
+    return accept_with_uniforms(u[:-1], u[-1], target_logits_NxV, tree, steps, temperature)
+
+
+def accept_with_uniforms(u_N: jax.Array, u_bonus: jax.Array, target_logits_NxV: jax.Array,
+                         tree: Tree, steps: int, temperature: float
+                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`accept_sampled` on given uniforms in [0, 1): u_N[t] decides node t, u_bonus the bonus.
+
+    The walk (SpecInfer's multi-draft rule with every candidate a one-hot "draft"): from the
+    root, try the children of the current node in index order (descending draft probability)
+    against the residual r, which starts as the target's p after the node; accept child c when
+    u[c] < r(c) / sum(r), i.e. with probability min(1, r(c) / q(c)) for q = one-hot(c); on a
+    rejection r <- max(0, r - one-hot(c)), which zeroes c, and the next sibling is tried. The
+    bonus is drawn (inverse CDF, u_bonus) from the residual of the last accepted node: p with
+    all its children zeroed, or p unchanged at a node without children (a leaf).
+
+    Why one-hot: the children are the draft's top-k, chosen deterministically, so the draft
+    "sampled" each with probability 1; the min(1, p/q) rule with the draft's own q would
+    assume c ~ q and bias the output. With distinct siblings the walk is exact: child c_i is
+    emitted with probability prod_{j<i}(1 - r_j(c_j)) * r_i(c_i) = p(c_i), and any other token
+    comes from p with the children removed, renormalised, after all were rejected. SGLang's
+    `tree_speculative_sampling_target_only` (sgl-kernel speculative_sampling.cuh) makes the
+    same choice: it ignores the draft's probabilities ("target only"), on a rejection sets the
+    rejected token's draft probability to the target's so relu(p - q) zeroes it, and samples
+    the bonus from that relu; it spends one coin per depth on the siblings' cumulative target
+    probability, which selects the same child distribution as one coin per sibling here.
+
+    Computed for all nodes at once: the residual mass left when node t is tried is 1 minus
+    its earlier siblings' p, whichever node is current; only the accepted path reads it.
+    """
+    n = tree.tokens.shape[0]
+    p_NxV = jax.nn.softmax(target_logits_NxV.astype(jnp.float32) / temperature, axis=-1)
+    p_tok = p_NxV[tree.parent, tree.tokens]  # p of node t's token after its parent
+    idx = jnp.arange(n)
+    earlier_sibling = ((tree.parent[:, None] == tree.parent[None, :])
+                       & (idx[None, :] < idx[:, None]) & (idx[None, :] > 0))  # [t, s]
+    left = jnp.maximum(1.0 - (earlier_sibling * p_tok[None, :]).sum(-1), 0.0)
+    ok = u_N * left < p_tok
+    first_ok = (ok & ~(earlier_sibling & ok[None, :]).any(-1)).at[0].set(True)
+    on_path = (~tree.ancestors | first_ok[None, :]).all(-1)  # every ancestor accepted
+    last = jnp.argmax(jnp.where(on_path, tree.depth, -1)).astype(jnp.int32)
+    a = tree.depth[last]
+    depths = jnp.arange(steps + 1)[:, None]
+    at_depth = tree.ancestors[last][None, :] & (tree.depth[None, :] == depths)
+    path = jnp.argmax(at_depth, axis=-1).astype(jnp.int32)
+    # the bonus: every child of `last` was tried and rejected (else the path went deeper)
+    is_child = (tree.parent == last) & (idx > 0)
+    removed_V = jnp.zeros(p_NxV.shape[-1], bool).at[tree.tokens].max(is_child)
+    r_V = jnp.where(removed_V, 0.0, p_NxV[last])
+    r_V = jnp.where(r_V.sum() > 0, r_V, p_NxV[last])  # rounding left no mass: p is right
+    return path, a, _inverse_cdf(r_V, u_bonus)
+
+
+def _inverse_cdf(weights_V: jax.Array, u: jax.Array) -> jax.Array:
+    """The token whose cumulative weight first exceeds u * total (never a zero-weight one)."""
+    cdf = jnp.cumsum(weights_V)
+    count = (cdf <= u * cdf[-1]).sum()
+    last_positive = weights_V.shape[0] - 1 - jnp.argmax(weights_V[::-1] > 0)
+    return jnp.minimum(count, last_positive).astype(jnp.int32)
 
 
 def verify_mask(tree: Tree, start: jax.Array, slots: int) -> jax.Array:
