@@ -22,7 +22,7 @@ wandb = pytest.importorskip("wandb")  # the `track` extra; in the `test` extra t
 
 runner = CliRunner()
 FP32 = ["--dtype", "float32", "--target-dtype", "float32"]
-SHAPE = ["--seq-len", "128", "--batch-size", "4", "--mesh", "data=4,tensor=2", *FP32]
+SHAPE = ["--seq-len", "128", "--batch-size", "4", "--mesh", "data=1,tensor=1", *FP32]
 
 
 def invoke(args, input=None):
