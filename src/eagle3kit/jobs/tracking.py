@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,7 @@ def eval_tracking(track: str | None, track_dir: Path | None,
             raise UserError("--track-dir names where --track logs; add --track tensorboard "
                             "and/or wandb")
         return None
-    draft_dir = Path(draft)
+    draft_dir = Path(os.path.abspath(draft))  # `--draft .` inside runs/x/final too
     if track_dir is None:
         if not (draft_dir.parent / "metrics.jsonl").is_file():
             raise UserError(f"--track: {draft} is not inside a training run directory (no "
