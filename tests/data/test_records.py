@@ -76,3 +76,20 @@ def test_bad_chat_lines(tmp_path):
         list(read_chat_records(tmp_path / "e.jsonl"))
     with pytest.raises(InputError, match="nope.jsonl: no such file"):
         list(read_chat_records(tmp_path / "nope.jsonl"))
+
+
+@pytest.mark.parametrize("line,reader,hint", [
+    (b'{"id": "c", "messages": [{"role": "user", "content": "hi"}]}', read_token_records,
+     "not a token record (Object missing required field `input_ids`); it is a chat record: "
+     "run `eagle3kit tokenize` on it first"),
+    (b'{"id": "t", "input_ids": [1], "loss_mask": [1], "tokenizer": "k"}', read_chat_records,
+     "chat record has no messages; it is a token record, already tokenized"),
+    (b'{"conversations": [{"from": "human", "value": "hi"}]}', read_chat_records,
+     "chat record has no messages; it is a raw dataset record: normalise it with "
+     "`eagle3kit mix` first"),
+])
+def test_another_steps_artifact_names_the_missing_step(tmp_path, line, reader, hint):
+    (tmp_path / "x.jsonl").write_bytes(line + b"\n")
+    with pytest.raises(InputError) as e:
+        list(reader(tmp_path / "x.jsonl"))
+    assert str(e.value).endswith(f"x.jsonl:1: {hint}"), str(e.value)

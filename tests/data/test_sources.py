@@ -42,7 +42,7 @@ def test_parse_source_weights_and_hub(tmp_path):
     assert parse_hub(parse_source("hf:org/set:cfg").location) == ("org/set", "cfg", "train")
 
 
-@pytest.mark.parametrize("weight", ["0", "-1", "nan", "inf"])
+@pytest.mark.parametrize("weight", ["0", "-1", "nan", "inf", "abc", "0,4"])
 def test_parse_source_rejects_bad_weights(tmp_path, weight):
     f = _write_jsonl(tmp_path / "a.jsonl", [ULTRACHAT])
     with pytest.raises(InputError, match=f"a.jsonl:{weight}: weight must be a positive"):

@@ -10,6 +10,7 @@ import typer
 from eagle3kit.cli._common import console, example, handle_errors, no_stdout, require_files
 from eagle3kit.cli._params import Attention, Dtype, Mesh, Seed, Target, TargetDtype
 from eagle3kit.jobs.config import TTTSettings
+from eagle3kit.jobs.tracking import eval_tracking, log_eval
 
 EXAMPLE = """
 eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
@@ -21,6 +22,8 @@ eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2
   --prompts mt-bench --steps 5 --topk 4 --draft-tokens 8 --json >> evals.jsonl
 eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
   --prompts mt-bench --steps 5 --topk 4 --draft-tokens 8 --temperature 0.7
+eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \
+  --data heldout.jsonl --track tensorboard   # into runs/smollm2/tensorboard
 """
 
 
@@ -72,6 +75,13 @@ def eval_cmd(
                                          "Qwen3-style templates: render prompts in thinking or "
                                          "non-thinking mode (the mode you serve). Default: the "
                                          "template's."),
+    track: str | None = typer.Option(None, help="Also log the result to run trackers: "
+                                     "tensorboard and/or wandb, as eval/DATASET/... scalars "
+                                     "at the draft's training step (WANDB_MODE=offline works "
+                                     "without network). Needs the `track` extra."),
+    track_dir: Path | None = typer.Option(None, help="The run directory --track logs into "
+                                          "(DIR/tensorboard, DIR/wandb). Default: the "
+                                          "draft's training run, runs/x for runs/x/final."),
 ) -> None:
     """Measure how many tokens a draft gets accepted by its target.
 
@@ -92,6 +102,7 @@ def eval_cmd(
                                  param_hint="--samples")
     if plot is not None:
         require_matplotlib()  # before the work, not after an hour of decoding
+    tracking = eval_tracking(track, track_dir, draft)
     cfg = EvalConfig(
         target=target, draft=draft, data=data, prompts=prompts, mode=mode, steps=steps,
         topk=topk, draft_tokens=draft_tokens, max_new_tokens=max_new_tokens,
@@ -101,6 +112,10 @@ def eval_cmd(
         samples=str(samples) if samples is not None else None, thinking=thinking)
     result = run(cfg, console)
     print_report(console, result)
+    if tracking is not None:
+        log_eval(tracking, result)
+        console.print(f"logged to {', '.join(tracking.track)} in {tracking.directory} "
+                      f"(step {tracking.step})")
     if plot is not None:
         plot_acceptance(result, plot)
         console.print(f"plot written to {plot}")

@@ -81,7 +81,7 @@ def train(
     track: str | None = typer.Option(None, help="Also log to run trackers: tensorboard "
                                      "(event files in OUT/tensorboard) and/or wandb, e.g. "
                                      "tensorboard,wandb (WANDB_MODE=offline works without "
-                                     "network). Needs the `track` extra / wandb."),
+                                     "network). Needs the `track` extra."),
     coordinator: Coordinator = None,
     num_processes: NumProcesses = None,
     process_id: ProcessId = None,

@@ -138,9 +138,11 @@ def decode_chat(line: bytes, where: str, number: int) -> ChatRecord:
     try:
         record = _CHAT.decode(line)
     except msgspec.DecodeError as e:
-        raise InputError(f"not a chat record ({_why(e)})", path=where, line=number) from None
+        raise InputError(f"not a chat record ({_why(e)}){_looks_like(line, 'chat')}",
+                         path=where, line=number) from None
     if not record.messages:
-        raise InputError("chat record has no messages", path=where, line=number)
+        raise InputError(f"chat record has no messages{_looks_like(line, 'chat')}", path=where,
+                         line=number)
     if not record.id:
         record.id = f"{Path(where).name}:{number}"
     return record
@@ -150,7 +152,8 @@ def decode_token(line: bytes, where: str, number: int) -> TokenRecord:
     try:
         record = _TOKEN.decode(line)
     except msgspec.DecodeError as e:
-        raise InputError(f"not a token record ({_why(e)})", path=where, line=number) from None
+        raise InputError(f"not a token record ({_why(e)}){_looks_like(line, 'token')}",
+                         path=where, line=number) from None
     if len(record.input_ids) != len(record.loss_mask):
         raise InputError(f"record {record.id!r}: {len(record.input_ids)} input_ids but "
                          f"{len(record.loss_mask)} loss_mask values", path=where, line=number)
@@ -169,6 +172,24 @@ def read_token_records(path: str | os.PathLike) -> Iterator[TokenRecord]:
     where = display_name(path)
     for number, line in iter_lines(path):
         yield decode_token(line, where, number)
+
+
+def _looks_like(line: bytes, wanted: str) -> str:
+    """What a rejected line is instead, when it is another step's artifact: a user who feeds
+    `mix` output to `vocab-select`, or raw ShareGPT to `tokenize`, is told the missing step."""
+    try:
+        keys = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return ""
+    if not isinstance(keys, dict):
+        return ""
+    if wanted == "token" and "messages" in keys:
+        return "; it is a chat record: run `eagle3kit tokenize` on it first"
+    if wanted == "chat" and "input_ids" in keys:
+        return "; it is a token record, already tokenized"
+    if wanted == "chat" and ("conversations" in keys or "conversation" in keys):
+        return "; it is a raw dataset record: normalise it with `eagle3kit mix` first"
+    return ""
 
 
 def _why(e: msgspec.DecodeError) -> str:

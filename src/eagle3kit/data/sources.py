@@ -78,7 +78,9 @@ def parse_source(spec: str) -> SourceSpec:
         try:
             weight = float(tail)
         except ValueError:
-            pass
+            if Path(head).suffix in SUFFIXES and not spec.startswith("hf:"):  # `a.jsonl:0,4`
+                raise InputError(f"weight must be a positive number, got {tail!r}",
+                                 path=spec) from None
         else:
             location = head
             if not (math.isfinite(weight) and weight > 0):

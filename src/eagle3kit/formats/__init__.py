@@ -100,8 +100,8 @@ def _resolve_source(source: str) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise InputError("a draft is a directory (config.json and weights), not a file",
-                         path=path)
+        raise InputError("a draft is a directory (eagle3kit, SGLang or speculators format), "
+                         "not a file", path=path)
     if is_hub_id(source):
         return snapshot(source, ["*.json", "*.safetensors", "pytorch_model*.bin"], "the draft")
     raise InputError("no such draft: not a directory or Hub id", path=source)
