@@ -87,12 +87,12 @@ class SpecRows:
 
 
 def _start_row(target_w, draft_w, vocab, prompt_T, m, limit, key_data, stop_ids, *,
-               tcfg: TargetConfig, dcfg: DraftConfig, dec: DecodeConfig, slots: int):
+               tcfg: TargetConfig, dcfg: DraftConfig, temperature: float, slots: int):
     """A row's state after its prompt (`prompt_T` padded, first `m` real) and its first
     token, as `speculative_generate` starts: fresh caches, position m, step 0."""
     key, prefill_key = jax.random.split(jax.random.wrap_key_data(key_data))
     out, tcache, first = speculative._prefill(target_w, tcfg, dcfg.aux_layer_ids, prompt_T, m,
-                                              slots, prefill_key, dec.temperature)
+                                              slots, prefill_key, temperature)
     next_tokens = jnp.roll(prompt_T, -1).at[m - 1].set(first)
     dcache = draft_cache.DraftKV.zeros(dcfg, 1, slots, draft_w.fc.dtype)
     h, dcache = draft_cache.extend(draft_w, dcfg, target_w, out.aux_BxTxA, next_tokens[None],
@@ -139,9 +139,10 @@ def _vmap(f, mesh_data: int):
 
 
 def _prefill(target_w, draft_w, vocab, state: SpecRows, stop_ids, prompts_PxT, lengths_P,
-             limits_P, keys_P, rows_P, *, tcfg, dcfg, dec, slots, data):
+             limits_P, keys_P, rows_P, *, tcfg, dcfg, temperature, slots, data):
     """Starts P rows (padding rows carry row index C: their writes are dropped)."""
-    start = functools.partial(_start_row, tcfg=tcfg, dcfg=dcfg, dec=dec, slots=slots)
+    start = functools.partial(_start_row, tcfg=tcfg, dcfg=dcfg, temperature=temperature,
+                              slots=slots)
     new, first = _vmap(lambda p, m, lim, k: start(target_w, draft_w, vocab, p, m, lim, k,
                                                   stop_ids), data)(
         prompts_PxT, lengths_P, limits_P, keys_P)
@@ -169,15 +170,18 @@ def _verify(target_w, draft_w, vocab, state: SpecRows, stop_ids, *, tcfg, dcfg, 
 
 
 @functools.cache
-def _programs(tcfg: TargetConfig, dcfg: DraftConfig, dec: DecodeConfig, slots: int,
-              data: int):
-    """The jitted prefill and verify programs, shared by every engine of the process (eval's
-    batch sizes, tests) so each shape compiles once."""
-    kw = dict(tcfg=tcfg, dcfg=dcfg, dec=dec, data=data)
-    prefill = jax.jit(functools.partial(_prefill, slots=slots, **kw), donate_argnums=(3,))
-    verify = jax.jit(functools.partial(_verify, **kw), static_argnames=("steps",),
-                     donate_argnums=(3,))
-    return prefill, verify
+def _prefill_program(tcfg: TargetConfig, dcfg: DraftConfig, temperature: float, slots: int,
+                     data: int):
+    """The jitted prefill, shared by every engine of the process (eval's batch sizes and
+    drafting shapes, tests) so each shape compiles once."""
+    return jax.jit(functools.partial(_prefill, tcfg=tcfg, dcfg=dcfg, temperature=temperature,
+                                     slots=slots, data=data), donate_argnums=(3,))
+
+
+@functools.cache
+def _verify_program(tcfg: TargetConfig, dcfg: DraftConfig, dec: DecodeConfig, data: int):
+    return jax.jit(functools.partial(_verify, tcfg=tcfg, dcfg=dcfg, dec=dec, data=data),
+                   static_argnames=("steps",), donate_argnums=(3,))
 
 
 def _empty(tcfg: TargetConfig, dcfg: DraftConfig, c: int, slots: int, dtype, draft_dtype,
@@ -233,7 +237,8 @@ class SpecEngine:
             self.state = jax.jit(lambda: _empty(tcfg, dcfg, cfg.rows, cfg.max_context,
                                                 target_w.embed.dtype, draft_w.fc.dtype,
                                                 key_shape), out_shardings=shardings)()
-        self._prefill, self._verify = _programs(tcfg, dcfg, dec, cfg.max_context, data)
+        self._prefill = _prefill_program(tcfg, dcfg, dec.temperature, cfg.max_context, data)
+        self._verify = _verify_program(tcfg, dcfg, dec, data)
 
     @property
     def busy(self) -> bool:
