@@ -10,9 +10,12 @@ Sampled chains must not depend on the number of rows.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from eagle3kit.core import target
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.decode.engine import Request
 from eagle3kit.decode.runner import Decoder, acceptance_summary
@@ -84,12 +87,27 @@ def test_batched_accepted_counts_equal_the_batch1_decoders(chain_run):
     assert all(h > 0 for h in hist), hist  # every accepted length occurs, full chains too
 
 
-def test_batched_greedy_tree_is_plain_greedy(accepting_draft):
+def test_batched_greedy_tree_is_plain_greedy_and_caches_hold_the_committed_keys(
+        accepting_draft):
+    """Tokens as plain greedy; then, two more requests (row i takes request i): each row's
+    target cache below its position holds exactly the keys of its committed sequence, so
+    every accepted path's keys were moved to contiguous slots, in every row."""
     acc = accepting_draft
-    done = _run(acc, TREE, 2, _requests(acc))
+    engine = SpecEngine(acc.tcfg, acc.dcfg, acc.target_w, acc.draft_w, acc.vocab, TREE, [],
+                        acc.mesh, SpecEngineConfig(rows=2, max_context=SLOTS, sync_every=4))
+    done = engine.generate(_requests(acc))
     for (i, limit), c in zip(REQUESTS, done, strict=True):
         assert c.tokens == acc.greedy[i][:limit], (i, limit)
     assert sum(sum(c.accept_lengths) for c in done) > 10  # paths were committed
+    engine.generate([Request("a", acc.prompts[0], 24), Request("b", acc.prompts[2], 24)])
+    n = np.asarray(engine.state.n)
+    for row, i in enumerate((0, 2)):
+        seq = jnp.asarray([acc.prompts[i] + acc.greedy[i]])  # the committed ones and more
+        cache = target.KVCache.zeros(acc.tcfg, 1, SLOTS, jnp.float32)
+        cache = jax.jit(lambda w, s, c: target.forward_cached(w, acc.tcfg, s, 0, c)[1])(
+            acc.target_w, seq, cache)
+        np.testing.assert_allclose(engine.state.tcache.k[row, :, 0, : n[row]],
+                                   cache.k[:, 0, : n[row]], atol=1e-5, rtol=1e-5)
 
 
 def test_sampled_chain_does_not_depend_on_the_rows_or_their_devices(accepting_draft):
