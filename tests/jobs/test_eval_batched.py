@@ -38,3 +38,5 @@ def test_the_card_serves_the_winner_at_the_smallest_batch_and_the_best_chain_for
 def test_the_default_grid_is_chains_and_trees_sglang_accepts():
     shapes = [(d.steps, d.topk, d.nodes) for d in parse_sweep(None, DecodeConfig())]
     assert shapes == [(3, 1, 4), (5, 1, 6), (7, 1, 8), (3, 4, 8), (5, 4, 8), (5, 8, 16)]
+    sampled = parse_sweep(None, DecodeConfig(temperature=0.7))
+    assert [(d.steps, d.topk) for d in sampled] == [(3, 1), (5, 1), (7, 1)]

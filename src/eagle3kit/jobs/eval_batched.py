@@ -57,10 +57,13 @@ def parse_shape(text: str) -> tuple[int, int, int | None]:
 
 
 def parse_sweep(text: str | None, base: DecodeConfig) -> list[DecodeConfig]:
-    """`3;5;5/4/8` -> the decode configs of the grid (checked as SGLang would)."""
+    """`3;5;5/4/8` -> the decode configs of the grid (checked as SGLang would). The default
+    grid's trees are left out when sampling (trees verify greedily only)."""
     configs = []
     for item in (text or DEFAULT_SWEEP).split(";"):
         steps, topk, nodes = parse_shape(item.strip())
+        if text is None and topk > 1 and base.temperature > 0:
+            continue
         dec = dataclasses.replace(base, steps=steps, topk=topk, draft_tokens=nodes)
         try:
             dec.check()
