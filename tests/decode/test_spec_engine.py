@@ -23,7 +23,7 @@ from eagle3kit.decode.spec_engine import SpecEngine, SpecEngineConfig
 from eagle3kit.decode.speculative import DecodeConfig
 from tests.decode import accepting
 
-SLOTS = 64  # prompt 11 + 24 new + one verify fit
+SLOTS = 256  # > 128: verify programs read a window of 128 slots (prompt 11 + 24 new fit)
 CHAIN = DecodeConfig(steps=accepting.K, max_new_tokens=accepting.NEW)
 TREE = DecodeConfig(steps=accepting.K, max_new_tokens=accepting.NEW, topk=2, draft_tokens=6)
 # (prompt index, limit): more requests than rows, ends at different steps
@@ -99,6 +99,7 @@ def test_batched_greedy_tree_is_plain_greedy_and_caches_hold_the_committed_keys(
     for (i, limit), c in zip(REQUESTS, done, strict=True):
         assert c.tokens == acc.greedy[i][:limit], (i, limit)
     assert sum(sum(c.accept_lengths) for c in done) > 10  # paths were committed
+    assert {p[3] for p in engine.programs if p[0] == "verify"} == {128}  # a window < SLOTS
     engine.generate([Request("a", acc.prompts[0], 24), Request("b", acc.prompts[2], 24)])
     n = np.asarray(engine.state.n)
     for row, i in enumerate((0, 2)):

@@ -48,7 +48,7 @@ from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.sharding import RULES, batch_ways, spec_for, use_mesh
 from eagle3kit.core.ttt import VocabArrays
 from eagle3kit.decode import draft_cache, speculative
-from eagle3kit.decode.engine import Completion, Request, _rows_bucket
+from eagle3kit.decode.engine import Completion, Request, _rows_bucket, window_bucket
 from eagle3kit.decode.runner import _truncate, bucket
 from eagle3kit.decode.speculative import DecodeConfig
 from eagle3kit.errors import ResourceError
@@ -152,9 +152,15 @@ def _prefill(target_w, draft_w, vocab, state: SpecRows, stop_ids, prompts_PxT, l
 
 
 def _verify(target_w, draft_w, vocab, state: SpecRows, stop_ids, *, tcfg, dcfg, dec, steps,
-            data):
+            window, data):
     """`steps` verify steps of every row -> (state, tokens [C, steps, K+1], accepted
-    [C, steps]; -1 where a row emitted nothing)."""
+    [C, steps]; -1 where a row emitted nothing).
+
+    The loop runs on the first `window` slots of every row (copied out once per program and
+    back after it): attention then reads no more than the longest live row needs. The host
+    picks `window` above every live row's last write of the program; an idle row may write
+    past it (clamped into its own slots, never read: its next prefill replaces the row).
+    """
     step = functools.partial(_step_row, tcfg=tcfg, dcfg=dcfg, dec=dec)
     one = _vmap(lambda r: step(target_w, draft_w, vocab, r, stop_ids), data)
     c = state.n.shape[0]
@@ -164,9 +170,19 @@ def _verify(target_w, draft_w, vocab, state: SpecRows, stop_ids, *, tcfg, dcfg, 
         state, new, a = one(state)
         return state, tokens.at[:, i].set(new), accepted.at[:, i].set(a)
 
+    tk, tv, dk, dv = state.tcache.k, state.tcache.v, state.dcache.k, state.dcache.v
+    small = dataclasses.replace(
+        state, tcache=target.KVCache(tk[:, :, :, :window], tv[:, :, :, :window]),
+        dcache=draft_cache.DraftKV(dk[:, :, :window], dv[:, :, :window]))
     tokens = jnp.full((c, steps, dec.steps + 1), -1, jnp.int32)
     accepted = jnp.full((c, steps), -1, jnp.int32)
-    return jax.lax.fori_loop(0, steps, body, (state, tokens, accepted))
+    small, tokens, accepted = jax.lax.fori_loop(0, steps, body, (small, tokens, accepted))
+    state = dataclasses.replace(
+        small, tcache=target.KVCache(tk.at[:, :, :, :window].set(small.tcache.k),
+                                     tv.at[:, :, :, :window].set(small.tcache.v)),
+        dcache=draft_cache.DraftKV(dk.at[:, :, :window].set(small.dcache.k),
+                                   dv.at[:, :, :window].set(small.dcache.v)))
+    return state, tokens, accepted
 
 
 @functools.cache
@@ -181,7 +197,7 @@ def _prefill_program(tcfg: TargetConfig, dcfg: DraftConfig, temperature: float, 
 @functools.cache
 def _verify_program(tcfg: TargetConfig, dcfg: DraftConfig, dec: DecodeConfig, data: int):
     return jax.jit(functools.partial(_verify, tcfg=tcfg, dcfg=dcfg, dec=dec, data=data),
-                   static_argnames=("steps",), donate_argnums=(3,))
+                   static_argnames=("steps", "window"), donate_argnums=(3,))
 
 
 def _empty(tcfg: TargetConfig, dcfg: DraftConfig, c: int, slots: int, dtype, draft_dtype,
@@ -305,10 +321,16 @@ class SpecEngine:
 
     def _verify_rows(self) -> list[SpecCompletion]:
         steps = self.cfg.sync_every
-        self.programs.add(("verify", self.cfg.rows, steps))
+        # the furthest slot a live row can write in this program: each verify step commits
+        # at most K+1 tokens and writes max(K+1, N) from its position
+        longest = max(len(r.request.prompt) + len(r.tokens) for r in self.rows if r is not None)
+        reach = longest + steps * (self.dec.steps + 1) + max(self.dec.steps, self.dec.nodes) + 1
+        window = window_bucket(reach, self.cfg.max_context)
+        self.programs.add(("verify", self.cfg.rows, steps, window))
         with use_mesh(self.mesh):
             self.state, tokens, accepted = self._verify(
-                self.target_w, self.draft_w, self.vocab, self.state, self.stop_ids, steps=steps)
+                self.target_w, self.draft_w, self.vocab, self.state, self.stop_ids, steps=steps,
+                window=window)
         tokens, accepted, active = jax.device_get((tokens, accepted, self.state.active))
         done = []
         for i, row in enumerate(self.rows):
