@@ -7,13 +7,17 @@ both as one device program per prompt, timed after compilation (`eagle3kit.decod
 Markdown table: tau (tokens per target forward, pooled over verify steps and as the mean of
 per-request taus, both with the bonus token), tokens/s of both, the speedup, how many greedy
 answers were identical, compile time and peak device memory. `--draft random` measures the
-overhead floor with an untrained draft (tau ~ 1), before any draft is trained. Batch 1 only
-(eval decodes one conversation at a time).
+overhead floor with an untrained draft (tau ~ 1), before any draft is trained.
+
+`--concurrency 1,8,32,64` then decodes the answered prompts again at each batch size B, with
+continuous refill, speculatively (every shape of --steps) and plainly, as `eval --concurrency
+--sweep` does (jobs/eval_batched.py), and prints a second table and the fastest shape per B.
 
 GPU (the numbers to report):
 
     python benchmarks/decode_speed.py --target meta-llama/Llama-3.1-8B-Instruct \\
-        --draft runs/llama/final --prompts mt-bench --steps 3,5,7,5/4/8 --max-new-tokens 256
+        --draft runs/llama/final --prompts mt-bench --steps 3,5,7,5/4/8 --max-new-tokens 256 \\
+        --concurrency 1,8,32,64
 
 CPU (small settings, a few minutes):
 
@@ -46,7 +50,7 @@ from eagle3kit.data.tokenizer import load_tokenizer
 from eagle3kit.decode.runner import Decoder
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import load_target, resolve_target
-from eagle3kit.jobs import common
+from eagle3kit.jobs import common, eval_batched
 from eagle3kit.jobs.common import DTYPES, load_draft_for_target
 from eagle3kit.jobs.evaluate import (
     EvalConfig,
@@ -95,6 +99,8 @@ def main() -> None:
     p.add_argument("--mesh", default=None, help="tensor=N to split the target")
     p.add_argument("--random-vocab", type=int, default=32000)
     p.add_argument("--json", action="store_true", help="also print one JSON line per K")
+    p.add_argument("--concurrency", default=None,
+                   help="batch sizes for batched decoding, e.g. 1,8,32,64 (default: none)")
     args = p.parse_args()
     console = Console(stderr=True)
 
@@ -117,7 +123,7 @@ def main() -> None:
     console.print(f"loaded in {time.perf_counter() - t0:.1f}s; {prompts.num_turns} turns of "
                   f"{prompts.name} on {jax.device_count()} x {jax.devices()[0].device_kind}")
 
-    rows = []
+    rows, decoders, answered = [], [], []
     for shape in args.steps.split(","):
         k, topk, nodes = parse_shape(shape)
         cfg = EvalConfig(target=args.target, draft=args.draft, prompts=args.prompts, steps=k,
@@ -125,7 +131,9 @@ def main() -> None:
                          temperature=args.temperature, target_dtype=args.target_dtype)
         dec = decode_config(cfg)
         decoder = Decoder(tcfg, draft.config, target_w, draft_w, vocab, dec, stops, mesh)
-        summary, _ = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
+        summary, samples = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
+        decoders.append(decoder)
+        answered = answered or [s.prompt_ids for s in samples]
         rows.append({"shape": shape, "steps": k, "topk": topk, "draft_tokens": dec.nodes,
                      **summary, "peak_memory_gb": peak_memory_gb()})
 
@@ -147,6 +155,33 @@ def main() -> None:
     if args.json:
         for r in rows:
             print(json.dumps(r))
+    if args.concurrency:
+        batched(decoders, answered, args, console)
+
+
+def batched(decoders, prompt_ids, args, console) -> None:
+    """Every shape at every batch size of --concurrency: a table and the winners."""
+    out = eval_batched.measure(decoders[0], prompt_ids,
+                               eval_batched.parse_concurrency(args.concurrency),
+                               [d.dec for d in decoders], 0, console)
+    print(f"\nbatched, continuous refill, {len(prompt_ids)} prompts, "
+          f"{jax.devices()[0].device_kind}\n")
+    print("| batch | shape | tau pooled | tau per request | spec tok/s | plain tok/s | speedup "
+          "| identical |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in out["sweep"]:
+        same = "-" if r["identical_to_baseline"] is None else r["identical_to_baseline"]
+        print(f"| {r['batch']} | {r['shape']} | {r['tau_pooled']:.2f} "
+              f"| {r['tau_per_request_mean']:.2f} | {r['tokens_per_s_speculative']:.1f} "
+              f"| {r['tokens_per_s_baseline']:.1f} | {r['speedup']:.2f}x | {same} |")
+    print()
+    for b, r in out["best"].items():
+        chain = out["best_chain"].get(b)
+        print(f"recommended at batch {b}: {r['shape']} ({r['speedup']:.2f}x)"
+              + (f"; vLLM (chains): K={chain['steps']} ({chain['speedup']:.2f}x)"
+                 if chain else ""))
+    if args.json:
+        print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@
 #   bash benchmarks/gpu_session.sh regen     # SmolLM2 speed on ShareGPT; mix | regenerate
 #   bash benchmarks/gpu_session.sh regtrain  # tokenize both, vocab-select, train both
 #   bash benchmarks/gpu_session.sh regeval   # both drafts: held-out and MT-bench
-#   bash benchmarks/gpu_session.sh decode  # MT-bench: chains K=3,5,7 and the 5/4/8 tree (batch 1)
+#   bash benchmarks/gpu_session.sh decode  # MT-bench: chains K=3,5,7 and the 5/4/8 tree, batch 1, 8, 32, 64
 #   bash benchmarks/gpu_session.sh pack    # the trained draft's export, split into $OUT parts
 #   bash benchmarks/gpu_session.sh unpack  # on a later machine: .stash/draft parts -> export
 set -euo pipefail
@@ -127,7 +127,7 @@ decode)
   DRAFT=$RUN/run/final; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
   python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$DRAFT" \
     --prompts mt-bench --steps "${SHAPES:-3,5,7,5/4/8}" --max-new-tokens 256 --json \
-    | tee "$OUTDIR/decode_speed.txt"
+    --concurrency "${CONCURRENCY:-1,8,32,64}" | tee "$OUTDIR/decode_speed.txt"
   ;;
 *)
   echo "unknown stage $1" >&2; exit 2 ;;

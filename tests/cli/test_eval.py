@@ -393,3 +393,83 @@ def test_mt_bench_on_real_smollm2_reproduces_greedy_decoding(smollm2_trained_dra
         [(steps >= j).sum() / (steps >= j - 1).sum() for j in range(1, 6)], abs=1e-6)
     assert result["accept_histogram"] == np.bincount(steps, minlength=6).tolist()
     assert result["speedup"] > 0 and result["device"] == "cpu"
+
+
+# ---- --concurrency and --sweep: batched speculative decoding -----------------------------------
+
+BATCHED = {"batch", "shape", "steps", "topk", "draft_tokens", "tau_pooled",
+           "tau_per_request_mean", "tokens_per_s_speculative", "tokens_per_s_baseline",
+           "speedup", "identical_to_baseline"}
+
+
+@pytest.fixture(scope="module")
+def swept(tiny, tmp_path_factory):
+    """One CLI run: two conversations (three answers) at batch sizes 1 and 4, a chain of 3
+    (the decoder's own shape) and a 2/2/3 tree."""
+    a, draft = tiny
+    d = tmp_path_factory.mktemp("sweep")
+    prompts = d / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "turns": ["Name a color.", "Another?"]})
+                       + "\n" + json.dumps({"question_id": 2, "turns": ["Count to three."]})
+                       + "\n")
+    r = invoke(gen_args(a, draft, prompts, "--concurrency", "1,4", "--sweep", "--sweep-grid",
+                        "3;2/2/3", "--json"))
+    assert r.exit_code == 0, r.output
+    (d / "eval.json").write_text(r.stdout)
+    return json.loads(r.stdout), r.stderr, d / "eval.json"
+
+
+def test_concurrency_measures_each_batch_size_both_ways(swept):
+    result, stderr, _ = swept
+    assert [p["batch"] for p in result["concurrency"]] == [1, 4]
+    for p in result["concurrency"]:
+        assert BATCHED <= p.keys() and p["shape"] == "3"
+        assert p["identical_to_baseline"] == 3  # fp32 greedy, batched, equals plain batched
+        assert p["speedup"] == pytest.approx(
+            p["tokens_per_s_speculative"] / p["tokens_per_s_baseline"], rel=1e-3)
+        # the same answers as batch 1, so the same verify steps: the same tau
+        assert p["tau_pooled"] == result["tau_pooled"]
+        assert p["tau_per_request_mean"] == result["tau_per_request_mean"]
+    assert "batched decoding on" in stderr and "fastest at batch 4" in stderr
+
+
+def test_sweep_lists_every_shape_and_batch_and_picks_the_fastest(swept):
+    result, _, _ = swept
+    assert sorted((p["batch"], p["shape"]) for p in result["sweep"]) == [
+        (1, "2/2/3"), (1, "3"), (4, "2/2/3"), (4, "3")]
+    for b in ("1", "4"):
+        at_b = [p for p in result["sweep"] if str(p["batch"]) == b]
+        assert result["best"][b] == max(at_b, key=lambda p: p["speedup"])
+        assert result["best_chain"][b]["shape"] == "3"
+
+
+def test_push_writes_the_sweep_winner_into_the_serving_commands(swept, tmp_path):
+    from tests.formats.helpers import make_draft, tiny_target
+
+    result, _, path = swept
+    target = tiny_target(tmp_path / "target")
+    export = export_draft(make_draft(target, name="meta-llama/Llama-3.1-8B-Instruct"),
+                          "sglang", tmp_path / "sglang")
+    r = runner.invoke(app, ["push", str(export), "--repo-id", "my-org/x", "--eval", str(path),
+                            "--dry-run"])
+    assert r.exit_code == 0, r.output
+    card = (export / "README.md").read_text()
+    best = result["best"]["1"]
+    assert (f"--speculative-num-steps {best['steps']} \\\n"
+            f"    --speculative-eagle-topk {best['topk']} \\\n"
+            f"    --speculative-num-draft-tokens {best['draft_tokens']} \\") in card
+    assert '"num_speculative_tokens": 3}' in card  # vLLM serves the best chain
+    assert f"measured on {result['device']} with eagle3kit eval --sweep" in card
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--concurrency", "1,x"], "--concurrency '1,x'"),
+    (["--concurrency", "4,4"], "distinct"),
+    (["--sweep", "--sweep-grid", "3;5/4"], "'5/4' is neither K"),
+    (["--sweep", "--sweep-grid", "2/2/9"], "outside 2..7"),
+    (["--sweep-grid", "3"], "pass --sweep too"),
+])
+def test_concurrency_and_sweep_mistakes(tiny, args, message):
+    a, draft = tiny
+    r = invoke(gen_args(a, draft, "mt-bench", *args))
+    assert r.exit_code == 2 and message in r.output

@@ -78,3 +78,23 @@ def test_trained_draft_in_trees_is_lossless(trained):
     assert tree.generated_ids == answer
     assert all(0 <= a <= K for a in tree.accept_lengths)
     assert acceptance_summary([tree.accept_lengths], K)["tau_pooled"] > 2.5
+
+
+def test_batched_trees_of_four_rows_are_lossless(trained):
+    """decode/spec_engine.py: the 5/4/8 tree over 4 rows, six requests (each prompt with
+    three limits: refill, rows ending at different steps): the target's own greedy answers."""
+    from eagle3kit.decode.engine import Request
+    from eagle3kit.decode.spec_engine import SpecEngine, SpecEngineConfig
+
+    decoder, d = trained
+    dec = DecodeConfig(steps=K, max_new_tokens=smollm2_draft.ANSWER_TOKENS, topk=4,
+                       draft_tokens=8)
+    slots = -(-(max(map(len, d.prompts)) + dec.max_new_tokens + 9) // 128) * 128
+    engine = SpecEngine(decoder.tcfg, decoder.dcfg, decoder.target_w, decoder.draft_w,
+                        decoder.vocab, dec, [smollm2_draft.EOS], decoder.mesh,
+                        SpecEngineConfig(rows=4, max_context=slots, sync_every=4))
+    limits = (dec.max_new_tokens, 11, 23)
+    requests = [Request((i, n), p, n) for n in limits for i, p in enumerate(d.prompts)]
+    done = engine.generate(requests)
+    assert [c.tokens for c in done] == [d.answers[i][:n] for i, n in (r.handle for r in requests)]
+    assert acceptance_summary([c.accept_lengths for c in done], K)["tau_pooled"] > 2.5

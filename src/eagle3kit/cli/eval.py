@@ -22,8 +22,10 @@ eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2
   --prompts mt-bench --steps 5 --topk 4 --draft-tokens 8 --json >> evals.jsonl
 eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
   --prompts mt-bench --steps 5 --topk 4 --draft-tokens 8 --temperature 0.7
-eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \
+eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
   --data heldout.jsonl --track tensorboard   # into runs/smollm2/tensorboard
+eagle3kit eval --target HuggingFaceTB/SmolLM2-135M-Instruct --draft runs/smollm2/final \\
+  --prompts mt-bench --concurrency 1,8,32 --sweep --json >> evals.jsonl
 """
 
 
@@ -64,6 +66,17 @@ def eval_cmd(
                                   "object on stdout."),
     plot: Path | None = typer.Option(None, help="Write a PNG of acceptance per position "
                                      "(needs the `plot` extra)."),
+    concurrency: str | None = typer.Option(None, help="Generation: also decode the answered "
+                                           "prompts B at a time for each batch size B of this "
+                                           "list (e.g. 1,8,32,64), speculatively and plainly "
+                                           "with continuous refill, and report the speedup "
+                                           "at each."),
+    sweep: bool = typer.Option(False, "--sweep", help="Generation: try every drafting shape "
+                               "of --sweep-grid at the --concurrency batch sizes (default 1) "
+                               "and name the fastest per batch size (for `push`)."),
+    sweep_grid: str | None = typer.Option(None, help="Shapes for --sweep, ;-separated: K (a "
+                                          "chain) or S/k/N (a tree of depth S, top-k, N "
+                                          "tokens). Default: 3;5;7;3/4/8;5/4/8;5/8/16."),
     batch_size: int = typer.Option(8, min=1, help="Teacher-forced: packed rows per batch."),
     seq_len: int = typer.Option(2048, min=16, help="Teacher-forced: tokens per row."),
     mesh: Mesh = None,
@@ -109,7 +122,8 @@ def eval_cmd(
         temperature=temperature, limit=limit,
         batch_size=batch_size, seq_len=seq_len, mesh=mesh, dtype=dtype,
         target_dtype=target_dtype, attention=attention, seed=seed,
-        samples=str(samples) if samples is not None else None, thinking=thinking)
+        samples=str(samples) if samples is not None else None, thinking=thinking,
+        concurrency=concurrency, sweep=sweep, sweep_grid=sweep_grid)
     result = run(cfg, console)
     print_report(console, result)
     if tracking is not None:

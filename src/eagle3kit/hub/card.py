@@ -64,6 +64,12 @@ class EvalResult(msgspec.Struct, forbid_unknown_fields=False):
     masked_tokens: int | None = None
     prompts: int | None = None
     max_new_tokens: int | None = None
+    # generate --concurrency / --sweep (jobs/eval_batched.py): one entry per batch size
+    # (and drafting shape), the fastest shape per batch size, the fastest chain per size
+    concurrency: list[dict[str, Any]] = []
+    sweep: list[dict[str, Any]] = []
+    best: dict[str, dict[str, Any]] = {}
+    best_chain: dict[str, dict[str, Any]] = {}
 
 
 # What every `eval --json` result carries (older ones too); a train metrics.jsonl row or any

@@ -65,18 +65,47 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def sweep_winner(evals) -> tuple[dict[str, Any], dict[str, Any] | None, str, int] | None:
+    """From the last eval with a `--sweep`: (fastest shape, fastest chain, device, batch size)
+    at its smallest measured batch size; None without a sweep."""
+    for e in reversed(evals):
+        if e.best:
+            b = min(e.best, key=int)
+            return e.best[b], e.best_chain.get(b), e.device or "an unnamed device", int(b)
+    return None
+
+
+def _shapes(c: CardInputs) -> tuple[tuple[int, int, int], int, str | None]:
+    """((steps, topk, draft tokens) for SGLang, K for vLLM, the line saying where they were
+    measured): a sweep's winners, else the export's chain."""
+    n = c.speculative_tokens
+    won = sweep_winner(c.evals)
+    if won is None:
+        return (n, 1, n + 1), n, None
+    best, chain, device, batch = won
+    k = chain["steps"] if chain else n
+    note = (f"These settings were measured on {device} with eagle3kit eval --sweep (batch "
+            f"{batch}: {best['speedup']:.2f}x for {best['shape']}"
+            + (f", {chain['speedup']:.2f}x for the chain of {k}" if chain else "") + ").\n")
+    return (best["steps"], best["topk"], best["draft_tokens"]), k, note
+
+
 def usage(c: CardInputs) -> str:
-    n, repo, target = c.speculative_tokens, c.repo_id, c.target_name
+    repo, target = c.repo_id, c.target_name
+    (steps, topk, nodes), n, note = _shapes(c)
     out = ["## Usage\n"]
     if c.engine_format == "sglang":
         out.append(
             "### SGLang\n\n```bash\npython -m sglang.launch_server \\\n"
             f"    --model-path {target} \\\n    --speculative-algorithm EAGLE3 \\\n"
             f"    --speculative-draft-model-path {repo} \\\n"
-            f"    --speculative-num-steps {n} \\\n    --speculative-eagle-topk 1 \\\n"
-            f"    --speculative-num-draft-tokens {n + 1} \\\n    --dtype {c.serve_dtype}\n```\n\n"
-            f"This is chain drafting ({n} tokens per step). For tree drafting raise "
-            "`--speculative-eagle-topk` and `--speculative-num-draft-tokens` together.\n")
+            f"    --speculative-num-steps {steps} \\\n"
+            f"    --speculative-eagle-topk {topk} \\\n"
+            f"    --speculative-num-draft-tokens {nodes} \\\n    --dtype {c.serve_dtype}\n```\n\n"
+            + (f"This is chain drafting ({steps} tokens per step). For tree drafting raise "
+               "`--speculative-eagle-topk` and `--speculative-num-draft-tokens` together.\n"
+               if topk == 1 else f"This is tree drafting: depth {steps}, top-{topk}, "
+               f"{nodes} tokens verified per step.\n"))
     default_layers = c.draft.aux_layer_ids == c.target.default_aux_layer_ids()
     vllm = c.engine_format == "speculators" or default_layers
     if vllm:
@@ -92,7 +121,9 @@ def usage(c: CardInputs) -> str:
                    "recorded in SGLang's convention, which vLLM does not read. Use the "
                    "speculators export of the same draft with vLLM (`eagle3kit convert ... "
                    "--to speculators`).\n")
-    out.append(_python_usage(c, vllm))
+    if note:
+        out.append(note)
+    out.append(_python_usage(c, vllm, (steps, topk, nodes), n))
     if c.target.family == "qwen3":
         out.append(
             "### Thinking mode\n\nQwen3 thinks before it answers unless a request turns it "
@@ -103,16 +134,18 @@ def usage(c: CardInputs) -> str:
     return "\n".join(out)
 
 
-def _python_usage(c: CardInputs, vllm: bool) -> str:
-    n, repo, target = c.speculative_tokens, c.repo_id, c.target_name
+def _python_usage(c: CardInputs, vllm: bool, sglang_shape: tuple[int, int, int], n: int
+                  ) -> str:
+    repo, target = c.repo_id, c.target_name
+    steps, topk, nodes = sglang_shape
     blocks = []
     if c.engine_format == "sglang":
         blocks.append(
             "import sglang as sgl\n\nengine = sgl.Engine(\n"
             f"    model_path=\"{target}\",\n    speculative_algorithm=\"EAGLE3\",\n"
             f"    speculative_draft_model_path=\"{repo}\",\n"
-            f"    speculative_num_steps={n},\n    speculative_eagle_topk=1,\n"
-            f"    speculative_num_draft_tokens={n + 1},\n    dtype=\"{c.serve_dtype}\",\n)\n")
+            f"    speculative_num_steps={steps},\n    speculative_eagle_topk={topk},\n"
+            f"    speculative_num_draft_tokens={nodes},\n    dtype=\"{c.serve_dtype}\",\n)\n")
     if vllm:
         blocks.append(
             "from vllm import LLM\n\nllm = LLM(\n"
@@ -245,7 +278,23 @@ def performance(c: CardInputs) -> str:
         lines = [f"- {label}: {fmt.format(v)}" for label, v, fmt in details if v is not None]
         if lines:
             out.append("\n".join(lines) + "\n")
+        if e.sweep or e.concurrency:
+            out.append(_batched_table(e))
     return "\n".join(out)
+
+
+def _batched_table(e: EvalResult) -> str:
+    """Speculative vs plain decoding of B requests at once (`eval --concurrency/--sweep`)."""
+    best = {(p["batch"], p["shape"]) for p in (e.best or {}).values()}
+    rows = [(p["batch"], p["shape"] + (" (fastest)" if (p["batch"], p["shape"]) in best
+                                       else ""),
+             f"{p['tau_pooled']:.2f}", f"{p['tau_per_request_mean']:.2f}",
+             f"{p['tokens_per_s_speculative']:.1f}", f"{p['tokens_per_s_baseline']:.1f}",
+             f"{p['speedup']:.2f}x") for p in (e.sweep or e.concurrency)]
+    return ("Batched decoding, B requests at once with continuous refill (shape: K draft "
+            "tokens, or a tree S/k/N):\n\n"
+            + _table(("Batch", "Shape", "tau pooled", "tau per request", "Tokens/s with the "
+                      "draft", "Tokens/s without", "Speedup"), rows))
 
 
 def architecture(c: CardInputs) -> str:

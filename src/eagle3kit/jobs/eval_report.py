@@ -42,6 +42,25 @@ def print_report(console, r: dict[str, Any]) -> None:
                      f"{_drafting(r)})")
     for line in lines:
         console.print(line)
+    if r.get("concurrency") or r.get("sweep"):
+        console.print(batched_table(r))
+        for b, e in (r.get("best") or {}).items():
+            console.print(f"fastest at batch {b}: {e['shape']} ({e['speedup']:.2f}x)")
+
+
+def batched_table(r: dict[str, Any]) -> Table:
+    """Per batch size (and drafting shape): tau, tokens/s both ways and the speedup."""
+    table = Table(title=f"batched decoding on {r['device']} (continuous refill)",
+                  title_justify="left")
+    for name in ("batch", "shape", "tau pooled", "tau per request", "spec tok/s",
+                 "plain tok/s", "speedup"):
+        table.add_column(name, justify="right")
+    for p in r.get("sweep") or r["concurrency"]:
+        table.add_row(str(p["batch"]), p["shape"], f"{p['tau_pooled']:.2f}",
+                      f"{p['tau_per_request_mean']:.2f}",
+                      f"{p['tokens_per_s_speculative']:,.1f}",
+                      f"{p['tokens_per_s_baseline']:,.1f}", f"{p['speedup']:.2f}x")
+    return table
 
 
 def _drafting(r) -> str:

@@ -38,7 +38,7 @@ from eagle3kit.decode.speculative import DecodeConfig
 from eagle3kit.errors import InputError, UserError
 from eagle3kit.io.atomic import open_output
 from eagle3kit.io.hf import TargetCheckpoint, load_target, resolve_target
-from eagle3kit.jobs import common
+from eagle3kit.jobs import common, eval_batched
 from eagle3kit.jobs.config import ATTENTION, TTTSettings
 from eagle3kit.jobs.progress import Progress
 
@@ -67,6 +67,9 @@ class EvalConfig:
     seed: int = 0
     samples: str | None = None
     thinking: bool | None = None  # Qwen3-style templates: the mode prompts are rendered in
+    concurrency: str | None = None  # generate: batch sizes, "1,8,32" (jobs/eval_batched.py)
+    sweep: bool = False  # generate: try the drafting shapes of sweep_grid at those sizes
+    sweep_grid: str | None = None  # "3;5;5/4/8" (default eval_batched.DEFAULT_SWEEP)
 
     @property
     def resolved_mode(self) -> str:
@@ -94,6 +97,13 @@ def check_config(cfg: EvalConfig) -> None:
         if cfg.data:
             raise UserError("--data is scored teacher-forced; run `eagle3kit eval` once per "
                             "mode (their --json lines can go to one file for `push`)")
+    if (cfg.concurrency or cfg.sweep or cfg.sweep_grid) and mode != "generate":
+        raise UserError("--concurrency and --sweep measure generation: pass --prompts")
+    if cfg.sweep_grid and not cfg.sweep:
+        raise UserError("--sweep-grid is the grid of --sweep: pass --sweep too")
+    eval_batched.parse_concurrency(cfg.concurrency)
+    if cfg.sweep:
+        eval_batched.parse_sweep(cfg.sweep_grid, decode_config(cfg))
     for name, value in (("--dtype", cfg.dtype), ("--target-dtype", cfg.target_dtype)):
         if value not in common.DTYPES:
             raise UserError(f"{name} {value!r}: choose {' or '.join(common.DTYPES)}")
@@ -168,6 +178,13 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
                       decode_config(cfg),
                       stop_ids(tokenizer, ckpt), mesh)
     gen, samples = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
+    if cfg.concurrency or cfg.sweep:
+        # the very prompts batch 1 answered (later turns hold its answers), now B at a time
+        gen.update(eval_batched.measure(
+            decoder, [s.prompt_ids for s in samples],
+            eval_batched.parse_concurrency(cfg.concurrency) or (1,),
+            eval_batched.parse_sweep(cfg.sweep_grid, decoder.dec) if cfg.sweep else None,
+            cfg.seed, console))
     # the same text, teacher-forced: the estimate next to what generation measured
     docs = TokenDocs.from_records(
         (TokenRecord(s.id, s.prompt_ids + s.generated_ids,

@@ -1,0 +1,128 @@
+"""Batched speculative decoding (decode/spec_engine.py) on the tiny target with a draft that
+gets tokens accepted (tests/decode/accepting.py).
+
+fp32: greedy chains and trees must give plain greedy decoding's tokens for every request,
+with fewer rows than requests (refill), rows that end at different steps (limits, a stop
+token, a limit of 1), and each request's accepted counts must equal the batch-1 Decoder's.
+Sampled chains must not depend on the number of rows.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from eagle3kit.core import target
+from eagle3kit.core.sharding import make_mesh
+from eagle3kit.decode.engine import Request
+from eagle3kit.decode.runner import Decoder, acceptance_summary
+from eagle3kit.decode.spec_engine import SpecEngine, SpecEngineConfig
+from eagle3kit.decode.speculative import DecodeConfig
+from tests.decode import accepting
+
+SLOTS = 256  # > 128: verify programs read a window of 128 slots (prompt 11 + 24 new fit)
+CHAIN = DecodeConfig(steps=accepting.K, max_new_tokens=accepting.NEW)
+TREE = DecodeConfig(steps=accepting.K, max_new_tokens=accepting.NEW, topk=2, draft_tokens=6)
+# (prompt index, limit): more requests than rows, ends at different steps
+REQUESTS = ((0, 24), (1, 24), (2, 24), (0, 10), (2, 17), (1, 2), (0, 1))
+
+
+def _stop(acc) -> int:
+    """A token early in prompt 1's answer that the other two answers never emit."""
+    others = set(acc.greedy[0]) | set(acc.greedy[2])
+    return next(t for t in acc.greedy[1][3:] if t not in others)
+
+
+def _expected(acc, i: int, limit: int, stops: set[int]) -> list[int]:
+    out = []
+    for t in acc.greedy[i][:limit]:
+        out.append(t)
+        if t in stops:
+            break
+    return out
+
+
+def _run(acc, dec, rows, requests, stops=(), mesh=None, target_w=None, draft_w=None,
+         vocab=None, sync_every=4):
+    engine = SpecEngine(acc.tcfg, acc.dcfg, target_w or acc.target_w, draft_w or acc.draft_w,
+                        vocab or acc.vocab, dec, list(stops), mesh or acc.mesh,
+                        SpecEngineConfig(rows=rows, max_context=SLOTS, sync_every=sync_every))
+    return engine.generate(requests)
+
+
+def _requests(acc, seed=0):
+    return [Request(j, acc.prompts[i], limit, seed=seed + j)
+            for j, (i, limit) in enumerate(REQUESTS)]
+
+
+@pytest.fixture(scope="module")
+def chain_run(accepting_draft):
+    acc = accepting_draft
+    stops = {_stop(acc)}
+    return acc, stops, _run(acc, CHAIN, 2, _requests(acc), stops)
+
+
+def test_batched_greedy_chain_is_plain_greedy_with_refill_limits_and_stops(chain_run):
+    acc, stops, done = chain_run
+    for (i, limit), c in zip(REQUESTS, done, strict=True):
+        expected = _expected(acc, i, limit, stops)
+        assert c.tokens == expected, (i, limit)
+        assert c.finish_reason == ("stop" if expected[-1] in stops else "length")
+    assert any(c.finish_reason == "stop" for c in done)
+
+
+def test_batched_accepted_counts_equal_the_batch1_decoders(chain_run):
+    """Per request (so the histogram too): the same verify steps as batch-1 decoding."""
+    acc, stops, done = chain_run
+    decoder = Decoder(acc.tcfg, acc.dcfg, acc.target_w, acc.draft_w, acc.vocab, CHAIN,
+                      sorted(stops), acc.mesh)
+    batch1 = [decoder.speculative(acc.prompts[i], limit=limit).accept_lengths
+              for i, limit in REQUESTS]
+    assert [c.accept_lengths for c in done] == batch1
+    hist = acceptance_summary([c.accept_lengths for c in done], accepting.K)["accept_histogram"]
+    assert hist == acceptance_summary(batch1, accepting.K)["accept_histogram"]
+    assert all(h > 0 for h in hist), hist  # every accepted length occurs, full chains too
+
+
+def test_batched_greedy_tree_is_plain_greedy_and_caches_hold_the_committed_keys(
+        accepting_draft):
+    """Tokens as plain greedy; then, two more requests (row i takes request i): each row's
+    target cache below its position holds exactly the keys of its committed sequence, so
+    every accepted path's keys were moved to contiguous slots, in every row."""
+    acc = accepting_draft
+    engine = SpecEngine(acc.tcfg, acc.dcfg, acc.target_w, acc.draft_w, acc.vocab, TREE, [],
+                        acc.mesh, SpecEngineConfig(rows=2, max_context=SLOTS, sync_every=4))
+    done = engine.generate(_requests(acc))
+    for (i, limit), c in zip(REQUESTS, done, strict=True):
+        assert c.tokens == acc.greedy[i][:limit], (i, limit)
+    assert sum(sum(c.accept_lengths) for c in done) > 10  # paths were committed
+    assert {p[3] for p in engine.programs if p[0] == "verify"} == {128}  # a window < SLOTS
+    engine.generate([Request("a", acc.prompts[0], 24), Request("b", acc.prompts[2], 24)])
+    n = np.asarray(engine.state.n)
+    for row, i in enumerate((0, 2)):
+        seq = jnp.asarray([acc.prompts[i] + acc.greedy[i]])  # the committed ones and more
+        cache = target.KVCache.zeros(acc.tcfg, 1, SLOTS, jnp.float32)
+        cache = jax.jit(lambda w, s, c: target.forward_cached(w, acc.tcfg, s, 0, c)[1])(
+            acc.target_w, seq, cache)
+        np.testing.assert_allclose(engine.state.tcache.k[row, :, 0, : n[row]],
+                                   cache.k[:, 0, : n[row]], atol=1e-5, rtol=1e-5)
+
+
+def test_sampled_chain_does_not_depend_on_the_rows_or_their_devices(accepting_draft):
+    """T = 0.8: one row on one device, then four rows split over data=2 (two rows per
+    device): every request's tokens and accepted counts are the same."""
+    acc = accepting_draft
+    dec = DecodeConfig(steps=accepting.K, max_new_tokens=accepting.NEW, temperature=0.8)
+    one = _run(acc, dec, 1, _requests(acc, seed=5))
+    mesh = make_mesh("data=2,tensor=1", jax.devices()[:2])
+    put = lambda x: jax.device_put(x, NamedSharding(mesh, PartitionSpec()))  # noqa: E731
+    four = _run(acc, dec, 4, _requests(acc, seed=5), mesh=mesh, target_w=put(acc.target_w),
+                draft_w=put(acc.draft_w), vocab=put(acc.vocab))
+    assert [c.tokens for c in one] == [c.tokens for c in four]
+    assert [c.accept_lengths for c in one] == [c.accept_lengths for c in four]
+    # sampled, not greedy: some answer leaves the greedy one
+    assert any(c.tokens != acc.greedy[i][: len(c.tokens)]
+               for (i, _), c in zip(REQUESTS, one, strict=True))
