@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--ttt-length", type=int, default=7)
     p.add_argument("--draft-vocab", type=int, default=32000)
-    p.add_argument("--attention", default="auto", help="comma-separated: auto,xla,cudnn")
+    p.add_argument("--attention", default="auto", help="comma-separated: auto,xla,cudnn,pallas")
     p.add_argument("--mesh", default=None)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--full-rows", action="store_true", help="one document filling each row")

@@ -64,7 +64,8 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
 
 
 def resolve_attention(impl: str, dtype) -> str:
-    """`auto` -> cuDNN flash attention on GPUs in 16-bit, else XLA."""
+    """`auto` -> cuDNN flash attention on GPUs in 16-bit, else XLA; others pass through
+    ("pallas" names the TTT attention's kernel: `ttt.target_attention`)."""
     if impl != "auto":
         return impl
     half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))

@@ -13,8 +13,11 @@ Attention ("cache hidden"): at step k, column t attends causally to step 0's key
 its own document plus the keys of steps 1..k at column t itself, under one softmax, which is
 a chain-tree mask. It runs in blocks of query rows, each against the step-0 keys up to its
 last row only (the causal triangle, not the square) and recomputed in the backward pass, so
-no [B, N, T, T] score tensor is ever held: T = 16,384 fits. Loss: sum_k decay**k * CE_k, CE_k the soft cross-entropy summed over
-trained positions divided by the step's masked-token count (`valid_counts`), so gradient
+no [B, N, T, T] score tensor is ever held: T = 16,384 fits. With `attention="pallas"` the
+step-0 keys go through a fused flash kernel instead (core/flash.py), which returns each row's
+log-sum-exp, and the diagonal keys are merged in by log-sum-exp algebra.
+
+Loss: sum_k decay**k * CE_k, CE_k the soft cross-entropy summed over trained positions divided by the step's masked-token count (`valid_counts`), so gradient
 accumulation and data parallelism give exactly the full-batch gradient.
 
 Shapes: B rows, T tokens, D hidden, V target vocab, Vd draft vocab, N/Kh heads, H head dim.
@@ -31,7 +34,7 @@ import jax.numpy as jnp
 
 from eagle3kit.core import draft, target
 from eagle3kit.core.config import DraftConfig, TargetConfig
-from eagle3kit.core.flash import flash_attention
+from eagle3kit.core.flash import FlashBlocks, flash_attention
 from eagle3kit.core.layers import _MASKED, attend, causal_mask
 from eagle3kit.core.metrics import StepCounts, step_counts
 from eagle3kit.core.sharding import constrain
@@ -108,8 +111,12 @@ def valid_counts(batch: Batch, steps: int) -> jax.Array:
 
 
 def target_attention(attention: str) -> str:
-    """The target's attention kernel for a `TTTConfig.attention` choice."""
-    return "cudnn" if attention == "pallas" else attention
+    """The target's attention kernel for a `TTTConfig.attention` choice: "pallas" runs the
+    target through cuDNN on GPUs (through XLA elsewhere, where the kernel itself runs in
+    Pallas' interpret mode: correct, slow, for tests)."""
+    if attention == "pallas":
+        return "cudnn" if jax.default_backend() == "gpu" else "xla"
+    return attention
 
 
 def target_signals(target_w: target.TargetWeights, tcfg: TargetConfig, dcfg: DraftConfig,
@@ -178,13 +185,15 @@ def _diagonal(qg_BxTxKxGxH, keys, values):
     return diag, jnp.stack(values[1:], axis=2)
 
 
-def _ttt_attend_fused(q_BxTxNxH, keys, values, segment_ids_BxT):
+def _ttt_attend_fused(q_BxTxNxH, keys, values, segment_ids_BxT,
+                      blocks: FlashBlocks | None = None):
     """The step-0 keys through the flash kernel (out0, lse0), the diagonal keys merged in by
     log-sum-exp: out = (e^(lse0 - m) out0 + sum_i e^(d_i - m) v_i) / (e^(lse0 - m) +
     sum_i e^(d_i - m)), m the row maximum; elementwise over [B, N, T, I]."""
     b, t, n, h = q_BxTxNxH.shape
     kh = keys[0].shape[2]
-    o0_BxTxNxH, lse0_BxNxT = flash_attention(q_BxTxNxH, keys[0], values[0], segment_ids_BxT)
+    o0_BxTxNxH, lse0_BxNxT = flash_attention(q_BxTxNxH, keys[0], values[0], segment_ids_BxT,
+                                             blocks)
     diag, vd = _diagonal(q_BxTxNxH.reshape(b, t, kh, n // kh, h), keys, values)
     if diag is None:
         return o0_BxTxNxH
@@ -202,7 +211,7 @@ def _ttt_attend_fused(q_BxTxNxH, keys, values, segment_ids_BxT):
 
 
 def _ttt_attend(q_BxTxNxH, keys, values, segment_ids_BxT, block: int = 512,
-                impl: str = "xla"):
+                impl: str = "xla", flash_blocks: FlashBlocks | None = None):
     """Step-0 keys (causal, same document) plus the diagonal keys of steps 1..k -> [B, T, N, H].
 
     `impl="xla"`: blockwise; each block of query rows sees the step-0 keys up to its own
@@ -211,7 +220,7 @@ def _ttt_attend(q_BxTxNxH, keys, values, segment_ids_BxT, block: int = 512,
     `impl="pallas"`: the fused kernel with the log-sum-exp merge (`_ttt_attend_fused`).
     """
     if impl == "pallas":
-        return _ttt_attend_fused(q_BxTxNxH, keys, values, segment_ids_BxT)
+        return _ttt_attend_fused(q_BxTxNxH, keys, values, segment_ids_BxT, flash_blocks)
     b, t, n, h = q_BxTxNxH.shape
     kh = keys[0].shape[2]
     qg = q_BxTxNxH.reshape(b, t, kh, n // kh, h)
