@@ -28,6 +28,7 @@ import numpy as np
 from eagle3kit.core import flops as model_flops
 from eagle3kit.core import ttt
 from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.flash import FlashBlocks
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import init_weights, make_mesh
@@ -71,6 +72,8 @@ def main() -> None:
     p.add_argument("--remat", action="store_true", help="recompute each TTT step's forward")
     p.add_argument("--attention-block", type=int, default=None,
                    help="query rows per block of the TTT attention")
+    p.add_argument("--flash-blocks", default=None, help="tiles of the fused TTT attention "
+                   "(--attention pallas): q,k,bwd_q,bwd_k,num_warps,num_stages")
     p.add_argument("--profile", default=None, help="trace 2 more steps into this directory "
                    "and print the device time by named scope")
     args = p.parse_args()
@@ -103,6 +106,8 @@ def main() -> None:
                                          args.attention.split(",")):
         impl = resolve_attention(attn, jnp.bfloat16)
         extra = {} if args.attention_block is None else {"attention_block": args.attention_block}
+        if args.flash_blocks:
+            extra["flash_blocks"] = FlashBlocks(*map(int, args.flash_blocks.split(",")))
         if args.remat:  # only passed when asked: older checkouts (before/after runs) lack it
             extra["remat"] = True
         trainer = Trainer(tcfg, dcfg, ttt.TTTConfig(args.ttt_length, 0.8, jnp.bfloat16, impl,

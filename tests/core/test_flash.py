@@ -16,6 +16,7 @@ import pytest
 from eagle3kit.core import ttt
 from eagle3kit.core.flash import FlashBlocks, flash_attention
 from eagle3kit.core.layers import causal_mask
+from eagle3kit.core.sharding import make_mesh, use_mesh
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 B, T, N, KH, H = 2, 20, 4, 2, 16  # T = 20 is no multiple of the 8-row tiles: padding runs
@@ -65,8 +66,9 @@ def test_kernel_returns_out_and_lse_with_their_gradients(inputs):
 
 def test_fused_ttt_attention_equals_the_xla_blocks(inputs):
     """Step 0 plus two diagonal steps: the kernel merged by log-sum-exp against the XLA
-    blockwise path (itself checked against the dense formula in test_ttt.py), values and
-    gradients w.r.t. q and every step's keys and values."""
+    path (one block of rows: the blocking itself is checked against the dense formula in
+    test_ttt.py), values and gradients w.r.t. q and every step's keys and values. The
+    kernel runs under a two-device mesh: each device on its own row (`shard_map`)."""
     x = inputs
     rng = np.random.default_rng(1)
     keys = [x["k"], *(jnp.asarray(rng.standard_normal((B, T, KH, H)), jnp.float32)
@@ -75,11 +77,14 @@ def test_fused_ttt_attention_equals_the_xla_blocks(inputs):
                         for _ in range(2))]
 
     def loss(impl, q, keys, values):
-        return jnp.sum(ttt._ttt_attend(q, keys, values, x["seg"], block=8, impl=impl)
+        return jnp.sum(ttt._ttt_attend(q, keys, values, x["seg"], block=T, impl=impl)
                        * x["d_out"])
 
-    grad = lambda impl: jax.jit(jax.value_and_grad(  # noqa: E731
-        lambda *a: loss(impl, *a), argnums=(0, 1, 2)))(x["q"], keys, values)
+    def grad(impl):
+        with use_mesh(make_mesh("data=2", jax.devices()[:2])):
+            return jax.jit(jax.value_and_grad(lambda *a: loss(impl, *a), argnums=(0, 1, 2)))(
+                x["q"], keys, values)
+
     for a, b in zip(jax.tree.leaves(grad("pallas")), jax.tree.leaves(grad("xla")), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL)
 

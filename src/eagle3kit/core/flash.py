@@ -26,6 +26,9 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec
+
+from eagle3kit.core.sharding import active_mesh, mesh_axis
 
 _LOG2E = math.log2(math.e)
 _MASKED = -1e30  # finite: a key block a row cannot see gives weights exp2(-huge) = 0
@@ -235,8 +238,24 @@ def flash_attention(q_BxTxNxH: jax.Array, k_BxTxKxH: jax.Array, v_BxTxKxH: jax.A
     attends to padding: every row sees its own key, so no row is empty). Differentiable in
     q, k, v through both outputs. Off GPUs the kernels run in Pallas' interpret mode (slow:
     tests only). T is padded to a multiple of the tiles with keys no real row can see.
+    Under a mesh (`use_mesh`) each device runs the kernel on its own rows (`shard_map` over
+    the batch axis): XLA cannot partition a kernel call itself.
     """
     blocks = blocks or FlashBlocks(interpret=jax.default_backend() != "gpu")
+    mesh = active_mesh()
+    if mesh is None or mesh.size == 1:
+        return _padded(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, segment_ids_BxT, blocks)
+    axis = mesh_axis("batch")
+    if axis is not None and q_BxTxNxH.shape[0] % mesh.shape[axis]:
+        axis = None  # an odd batch stays replicated
+    rows, stats = PartitionSpec(axis), PartitionSpec(axis, None, None)
+    return jax.shard_map(functools.partial(_padded, blocks=blocks), mesh=mesh,
+                         in_specs=(rows, rows, rows, rows), out_specs=(rows, stats),
+                         check_vma=False)(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, segment_ids_BxT)
+
+
+def _padded(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, segment_ids_BxT, blocks: FlashBlocks):
+    """The kernel on T padded to a multiple of the tiles, the outputs cut back to T."""
     t = q_BxTxNxH.shape[1]
     tile = max(blocks.q, blocks.k, blocks.bwd_q, blocks.bwd_k)
     pad = -t % tile

@@ -73,6 +73,7 @@ class TTTConfig:
     # the target through cuDNN, every TTT step through the fused kernel (core/flash.py, GPU)
     attention: str = "xla"
     attention_block: int = 512  # query rows per block of the TTT attention (at most 16 blocks)
+    flash_blocks: FlashBlocks | None = None  # the fused kernel's tiles (None: its defaults)
     remat: bool = False  # recompute each whole step in the backward pass (saves memory, ~25%
     # more draft FLOPs); the attention scores are recomputed either way
 
@@ -248,7 +249,7 @@ def soft_cross_entropy(logits_BxTxVd: jax.Array, target_p_BxTxVd: jax.Array) -> 
 
 def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, target_argmax, valid,
               in_draft, vocab, *, cfg: DraftConfig, k: int, block: int = 512,
-              attention: str = "xla"):
+              attention: str = "xla", flash_blocks: FlashBlocks | None = None):
     """Draft step k: returns (h, new key, new value, masked CE [B,T], correct [B,T]).
 
     Step 0 has no diagonal keys: its attention is plain causal attention, which runs through
@@ -264,7 +265,7 @@ def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, targe
                            attention)
             else:
                 a = _ttt_attend(p.q_BxTxNxH, keys, values, segment_ids, block,
-                                "pallas" if attention == "pallas" else "xla")
+                                "pallas" if attention == "pallas" else "xla", flash_blocks)
         h = draft.finish(w, cfg, a, p.residual_BxTxD)
         logits = draft.head(w, cfg, h)  # B,T,Vd in the compute dtype
         with jax.named_scope("loss"):
@@ -288,7 +289,7 @@ def rollout(w: draft.DraftWeights, cfg: DraftConfig, sig: TargetSignals, batch: 
     loss = jnp.zeros((), jnp.float32)
     for k in range(ttt.steps):
         step = functools.partial(_one_step, cfg=cfg, k=k, block=ttt.attention_block,
-                                 attention=ttt.attention)
+                                 attention=ttt.attention, flash_blocks=ttt.flash_blocks)
         if ttt.remat:  # keeps one step's activations alive in the backward pass, not K
             step = jax.checkpoint(step)
         hidden, key, value, ce, correct = step(
