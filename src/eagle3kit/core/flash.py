@@ -48,6 +48,12 @@ class FlashBlocks:
     interpret: bool = False
 
 
+def _div(a, b: int):
+    """a // b for a traced non-negative int: a plain division (Triton lowers `//`'s
+    floor correction poorly)."""
+    return jax.lax.div(a, jnp.int32(b))
+
+
 def _visible(rows, cols, seg_rows, seg_cols):
     """[Q, S] bool: key col visible to query row (causal, same segment)."""
     return (rows[:, None] >= cols[None, :]) & (seg_rows[:, None] == seg_cols[None, :])
@@ -75,7 +81,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, seg_q_ref, seg_ref, o_ref, lse_ref, *, 
 
     init = (jnp.zeros((block_q, h), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
             jnp.zeros((block_q,), jnp.float32))
-    acc, m, l_sum = jax.lax.fori_loop(0, ((i + 1) * block_q + block_k - 1) // block_k, body, init)
+    acc, m, l_sum = jax.lax.fori_loop(0, _div((i + 1) * block_q + block_k - 1, block_k), body,
+                                      init)
     o_ref[...] = (acc / l_sum[:, None]).astype(o_ref.dtype)
     lse_ref[...] = (m + jnp.log2(l_sum)) / _LOG2E  # natural log
 
@@ -101,7 +108,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, seg_k_ref, seg_ref, do_ref, lse_ref, delta
         return dk + pl.dot(ds.astype(q.dtype), q, trans_a=True), dv
 
     zeros = jnp.zeros(k.shape, jnp.float32)
-    dk, dv = jax.lax.fori_loop((j * block_k) // block_q, num_q_blocks, body, (zeros, zeros))
+    dk, dv = jax.lax.fori_loop(_div(j * block_k, block_q), num_q_blocks, body, (zeros, zeros))
     dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -125,7 +132,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, seg_q_ref, seg_ref, do_ref, lse_ref, delta_r
         ds = p * (pl.dot(do, v, trans_b=True) - delta[:, None])
         return dq + pl.dot(ds.astype(k.dtype), k)
 
-    dq = jax.lax.fori_loop(0, ((i + 1) * block_q + block_k - 1) // block_k, body,
+    dq = jax.lax.fori_loop(0, _div((i + 1) * block_q + block_k - 1, block_k), body,
                            jnp.zeros(q.shape, jnp.float32))
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
 
@@ -144,8 +151,8 @@ def _specs(b_q: int, b_k: int, t: int, h: int, g: int, nq: int, reverse: bool):
     blk = (lambda i: nq - 1 - i) if reverse else (lambda i: i)
     rows = pl.BlockSpec((None, b_q, None, h), lambda n, b, i: (b, blk(i), n, 0))
     whole_q = pl.BlockSpec((None, t, None, h), lambda n, b, i: (b, 0, n, 0))
-    whole_kv = pl.BlockSpec((None, t, None, h), lambda n, b, i: (b, 0, n // g, 0))
-    kv_rows = pl.BlockSpec((None, b_k, None, h), lambda n, b, i: (b, i, n // g, 0))
+    whole_kv = pl.BlockSpec((None, t, None, h), lambda n, b, i: (b, 0, _div(n, g), 0))
+    kv_rows = pl.BlockSpec((None, b_k, None, h), lambda n, b, i: (b, i, _div(n, g), 0))
     seg_rows = pl.BlockSpec((None, b_q), lambda n, b, i: (b, blk(i)))
     seg_kv_rows = pl.BlockSpec((None, b_k), lambda n, b, i: (b, i))
     seg = pl.BlockSpec((None, t), lambda n, b, i: (b, 0))
