@@ -8,7 +8,8 @@ packed documents, two diagonal steps) in bf16 against the XLA path in fp32, valu
 gradients, beside the XLA path's own bf16 error; then the forward + backward time of all
 K = 7 TTT steps' attention (step k: step-0 keys plus k diagonal keys) for the shapes of
 docs/benchmarks.md, for main's choice (step 0 through cuDNN, steps 1..6 through the XLA
-blocks) and the kernel at each tile setting (q, k, bwd_q, bwd_k, warps, stages).
+blocks), the kernel at each tile setting (q, k, bwd_q, bwd_k, warps, stages), and step 0
+through cuDNN with steps 1..6 through the kernel at the first setting.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ def _inputs(b, t, n, kh, h, steps, dtype, seed=0):
             [arr(b, t, kh, h) for _ in range(steps)], jnp.asarray(seg), arr(b, t, n, h))
 
 
-def check(blocks: flash.FlashBlocks) -> None:
-    q, keys, values, seg, ct = _inputs(1, 2048, 32, 8, 128, 3, jnp.float32, seed=5)
-    seg = seg.at[0, 1900:].set(0)  # and a padded tail
+def check(blocks: flash.FlashBlocks, shape=(1, 2048, 32, 8, 128)) -> None:
+    q, keys, values, seg, ct = _inputs(*shape, 3, jnp.float32, seed=5)
+    seg = seg.at[0, shape[1] * 15 // 16:].set(0)  # and a padded tail
 
     def run(impl, dtype):
         cast = lambda x: jax.tree.map(lambda a: a.astype(dtype), x)  # noqa: E731
@@ -63,9 +64,9 @@ def check(blocks: flash.FlashBlocks) -> None:
 
 def _attend(impl, blocks, q, keys, values, seg, k):
     keys, values = keys[:k + 1], values[:k + 1]
-    if impl == "pallas":
+    if impl == "pallas" or (impl == "pallas-cudnn0" and k > 0):
         return ttt._ttt_attend(q, keys, values, seg, impl="pallas", flash_blocks=blocks)
-    if impl == "main" and k == 0:
+    if impl in ("main", "pallas-cudnn0") and k == 0:
         return attend(q, keys[0], values[0], causal_mask(seg), "cudnn" if GPU else "xla")
     return ttt._ttt_attend(q, keys, values, seg)
 
@@ -105,13 +106,13 @@ def main() -> None:
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         print(f"{name}: main (cuDNN step 0 + XLA blocks) {time_all_steps(shape, 'main', None):.1f} ms")
-        for blocks in settings:
+        for blocks, impl in [(b, "pallas") for b in settings] + [(settings[0], "pallas-cudnn0")]:
+            tiles = (f"{blocks.q},{blocks.k},{blocks.bwd_q},{blocks.bwd_k},w{blocks.num_warps},"
+                     f"s{blocks.num_stages}")
             try:
-                ms = time_all_steps(shape, "pallas", blocks)
-                print(f"{name}: pallas {blocks.q},{blocks.k},{blocks.bwd_q},{blocks.bwd_k},"
-                      f"w{blocks.num_warps},s{blocks.num_stages} {ms:.1f} ms")
+                print(f"{name}: {impl} {tiles} {time_all_steps(shape, impl, blocks):.1f} ms")
             except Exception as e:  # a tile setting Triton cannot compile: report, go on
-                print(f"{name}: pallas {blocks} failed: {str(e).splitlines()[0][:120]}")
+                print(f"{name}: {impl} {tiles} failed: {str(e).splitlines()[0][:160]}")
 
 
 if __name__ == "__main__":
