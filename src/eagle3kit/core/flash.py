@@ -36,8 +36,9 @@ _MASKED = -1e30  # finite: a key block a row cannot see gives weights exp2(-huge
 
 @dataclasses.dataclass(frozen=True)
 class FlashBlocks:
-    """Tile sizes (powers of two). Forward and dQ: `q` query rows per program, looping over
-    `k` keys at a time; dK/dV: `k` keys per program, looping over `q` query rows."""
+    """Tiles (powers of two) and Triton settings. Forward and dQ: `q` query rows per
+    program, looping over `k` keys at a time; dK/dV: `bwd_k` keys per program, looping
+    over `bwd_q` query rows at a time. `interpret`: Pallas' interpreter (any backend)."""
 
     q: int = 64
     k: int = 64
