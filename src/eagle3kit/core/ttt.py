@@ -17,8 +17,9 @@ no [B, N, T, T] score tensor is ever held: T = 16,384 fits. With `attention="pal
 step-0 keys go through a fused flash kernel instead (core/flash.py), which returns each row's
 log-sum-exp, and the diagonal keys are merged in by log-sum-exp algebra.
 
-Loss: sum_k decay**k * CE_k, CE_k the soft cross-entropy summed over trained positions divided by the step's masked-token count (`valid_counts`), so gradient
-accumulation and data parallelism give exactly the full-batch gradient.
+Loss: sum_k decay**k * CE_k, CE_k the soft cross-entropy summed over trained positions
+divided by the step's masked-token count (`valid_counts`), so gradient accumulation and data
+parallelism give exactly the full-batch gradient.
 
 Shapes: B rows, T tokens, D hidden, V target vocab, Vd draft vocab, N/Kh heads, H head dim.
 """
