@@ -55,6 +55,12 @@ def _div(a, b: int):
     return jax.lax.div(a, jnp.int32(b))
 
 
+def _dot(a, b, trans_a: bool = False, trans_b: bool = False):
+    """[M, K] @ [K, N] (either side transposed) with an fp32 accumulator."""
+    dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+    return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+
+
 def _visible(rows, cols, seg_rows, seg_cols):
     """[Q, S] bool: key col visible to query row (causal, same segment)."""
     return (rows[:, None] >= cols[None, :]) & (seg_rows[:, None] == seg_cols[None, :])
@@ -71,13 +77,13 @@ def _forward_kernel(q_ref, k_ref, v_ref, seg_q_ref, seg_ref, o_ref, lse_ref, *, 
     def body(j, carry):
         acc, m_prev, l_prev = carry
         keys = pl.ds(j * block_k, block_k)
-        s = pl.dot(q, k_ref[keys, :], trans_b=True) * (scale * _LOG2E)  # base-2 scores
+        s = _dot(q, k_ref[keys, :], trans_b=True) * (scale * _LOG2E)  # base-2 scores
         s = jnp.where(_visible(rows, j * block_k + jnp.arange(block_k), seg_q, seg_ref[keys]),
                       s, _MASKED)
         m = jnp.maximum(m_prev, jnp.max(s, axis=1))
         p = jnp.exp2(s - m[:, None])
         corr = jnp.exp2(m_prev - m)
-        acc = acc * corr[:, None] + pl.dot(p.astype(v_ref.dtype), v_ref[keys, :])
+        acc = acc * corr[:, None] + _dot(p.astype(v_ref.dtype), v_ref[keys, :])
         return acc, m, l_prev * corr + jnp.sum(p, axis=1)
 
     init = (jnp.zeros((block_q, h), jnp.float32), jnp.full((block_q,), -jnp.inf, jnp.float32),
@@ -99,14 +105,14 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, seg_k_ref, seg_ref, do_ref, lse_ref, delta
         dk, dv = carry
         rows_ = pl.ds(i * block_q, block_q)
         q, do = q_ref[rows_, :], do_ref[rows_, :]
-        s = pl.dot(q, k, trans_b=True) * (scale * _LOG2E)
+        s = _dot(q, k, trans_b=True) * (scale * _LOG2E)
         s = jnp.where(_visible(i * block_q + jnp.arange(block_q), cols, seg_ref[rows_], seg_k),
                       s, _MASKED)
         p = jnp.exp2(s - lse_ref[rows_][:, None] * _LOG2E)  # [Q, S]
-        dv = dv + pl.dot(p.astype(do.dtype), do, trans_a=True)
-        dp = pl.dot(do, v, trans_b=True)
+        dv = dv + _dot(p.astype(do.dtype), do, trans_a=True)
+        dp = _dot(do, v, trans_b=True)
         ds = p * (dp - delta_ref[rows_][:, None])
-        return dk + pl.dot(ds.astype(q.dtype), q, trans_a=True), dv
+        return dk + _dot(ds.astype(q.dtype), q, trans_a=True), dv
 
     zeros = jnp.zeros(k.shape, jnp.float32)
     dk, dv = jax.lax.fori_loop(_div(j * block_k, block_q), num_q_blocks, body, (zeros, zeros))
@@ -126,12 +132,12 @@ def _dq_kernel(q_ref, k_ref, v_ref, seg_q_ref, seg_ref, do_ref, lse_ref, delta_r
     def body(j, dq):
         keys = pl.ds(j * block_k, block_k)
         k, v = k_ref[keys, :], v_ref[keys, :]
-        s = pl.dot(q, k, trans_b=True) * (scale * _LOG2E)
+        s = _dot(q, k, trans_b=True) * (scale * _LOG2E)
         s = jnp.where(_visible(rows, j * block_k + jnp.arange(block_k), seg_q, seg_ref[keys]),
                       s, _MASKED)
         p = jnp.exp2(s - lse2[:, None])
-        ds = p * (pl.dot(do, v, trans_b=True) - delta[:, None])
-        return dq + pl.dot(ds.astype(k.dtype), k)
+        ds = p * (_dot(do, v, trans_b=True) - delta[:, None])
+        return dq + _dot(ds.astype(k.dtype), k)
 
     dq = jax.lax.fori_loop(0, _div((i + 1) * block_q + block_k - 1, block_k), body,
                            jnp.zeros(q.shape, jnp.float32))
