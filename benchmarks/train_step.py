@@ -104,7 +104,7 @@ def main() -> None:
           f"{'TFLOP/s':>8} {'MFU':>5} {'peak GiB':>8}")
     for batch, attn in itertools.product([int(b) for b in args.batch_size.split(",")],
                                          args.attention.split(",")):
-        impl = resolve_attention(attn, jnp.bfloat16)
+        impl = resolve_attention(attn, jnp.bfloat16, jnp.bfloat16)
         extra = {} if args.attention_block is None else {"attention_block": args.attention_block}
         if args.flash_blocks:
             extra["flash_blocks"] = FlashBlocks(*map(int, args.flash_blocks.split(",")))
