@@ -362,7 +362,7 @@ def test_pallas_attention_choice_gives_the_xla_loss_and_gradient(setup):
     tcfg, tw, dcfg, w, vocab = setup
     va = ttt.VocabArrays.from_map(vocab)
     batch = packed_batch(np.random.default_rng(1))
-    sig = ttt.target_signals(tw, tcfg, dcfg, va, batch)
+    sig = jax.jit(lambda b: ttt.target_signals(tw, tcfg, dcfg, va, b))(batch)
     den = ttt.valid_counts(batch, 2)
 
     def grad(attention):
