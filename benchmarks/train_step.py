@@ -28,6 +28,7 @@ import numpy as np
 from eagle3kit.core import flops as model_flops
 from eagle3kit.core import ttt
 from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.flash import FlashBlocks
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import init_weights, make_mesh
@@ -64,13 +65,15 @@ def main() -> None:
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--ttt-length", type=int, default=7)
     p.add_argument("--draft-vocab", type=int, default=32000)
-    p.add_argument("--attention", default="auto", help="comma-separated: auto,xla,cudnn")
+    p.add_argument("--attention", default="auto", help="comma-separated: auto,xla,cudnn,pallas")
     p.add_argument("--mesh", default=None)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--full-rows", action="store_true", help="one document filling each row")
     p.add_argument("--remat", action="store_true", help="recompute each TTT step's forward")
     p.add_argument("--attention-block", type=int, default=None,
                    help="query rows per block of the TTT attention")
+    p.add_argument("--flash-blocks", default=None, help="tiles of the fused TTT attention "
+                   "(--attention pallas): q,k,bwd_q,bwd_k,num_warps,num_stages")
     p.add_argument("--profile", default=None, help="trace 2 more steps into this directory "
                    "and print the device time by named scope")
     args = p.parse_args()
@@ -101,8 +104,10 @@ def main() -> None:
           f"{'TFLOP/s':>8} {'MFU':>5} {'peak GiB':>8}")
     for batch, attn in itertools.product([int(b) for b in args.batch_size.split(",")],
                                          args.attention.split(",")):
-        impl = resolve_attention(attn, jnp.bfloat16)
+        impl = resolve_attention(attn, jnp.bfloat16, jnp.bfloat16)
         extra = {} if args.attention_block is None else {"attention_block": args.attention_block}
+        if args.flash_blocks:
+            extra["flash_blocks"] = FlashBlocks(*map(int, args.flash_blocks.split(",")))
         if args.remat:  # only passed when asked: older checkouts (before/after runs) lack it
             extra["remat"] = True
         trainer = Trainer(tcfg, dcfg, ttt.TTTConfig(args.ttt_length, 0.8, jnp.bfloat16, impl,

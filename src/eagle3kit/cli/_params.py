@@ -48,7 +48,9 @@ TargetDtype = Annotated[str, typer.Option(
     callback=_dtype("--target-dtype"), help="Target weights: bfloat16 or float32.")]
 Attention = Annotated[str, typer.Option(
     callback=_one_of(ATTENTION),
-    help="Target attention kernel: auto (cuDNN flash attention on GPUs in bf16), xla or cudnn.")]
+    help="Attention kernels: auto (on GPUs in bf16: pallas), xla, cudnn (the target and TTT "
+         "step 0 through cuDNN flash attention), or pallas (the target through cuDNN, the TTT "
+         "attention through a fused Pallas kernel; GPU).")]
 Seed = Annotated[int, typer.Option(
     help="Random seed (train: draft init and data order; eval and regenerate: sampling at "
          "temperature > 0).")]

@@ -63,12 +63,17 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
     return o.reshape(b, t, *q_BxTxNxH.shape[2:])
 
 
-def resolve_attention(impl: str, dtype) -> str:
-    """`auto` -> cuDNN flash attention on GPUs in 16-bit, else XLA."""
+def resolve_attention(impl: str, dtype, draft_dtype=None) -> str:
+    """`auto` on GPUs with a 16-bit target (`dtype`): "pallas" (the target through cuDNN,
+    the TTT attention through the fused kernel of core/flash.py) when the draft computes in
+    16 bits too, else "cudnn"; "xla" elsewhere. Other choices pass through."""
     if impl != "auto":
         return impl
-    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-    return "cudnn" if half and jax.default_backend() == "gpu" else "xla"
+    half = lambda d: jnp.dtype(d) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # noqa: E731
+    if not (half(dtype) and jax.default_backend() == "gpu"):
+        return "xla"
+    # the kernel was measured and checked on GPUs in bf16 only (docs/benchmarks.md)
+    return "pallas" if draft_dtype is not None and half(draft_dtype) else "cudnn"
 
 
 def causal_mask(segment_ids_BxT: jax.Array) -> jax.Array:

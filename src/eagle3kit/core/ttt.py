@@ -13,9 +13,13 @@ Attention ("cache hidden"): at step k, column t attends causally to step 0's key
 its own document plus the keys of steps 1..k at column t itself, under one softmax, which is
 a chain-tree mask. It runs in blocks of query rows, each against the step-0 keys up to its
 last row only (the causal triangle, not the square) and recomputed in the backward pass, so
-no [B, N, T, T] score tensor is ever held: T = 16,384 fits. Loss: sum_k decay**k * CE_k, CE_k the soft cross-entropy summed over
-trained positions divided by the step's masked-token count (`valid_counts`), so gradient
-accumulation and data parallelism give exactly the full-batch gradient.
+no [B, N, T, T] score tensor is ever held: T = 16,384 fits. With `attention="pallas"` the
+step-0 keys go through a fused flash kernel instead (core/flash.py), which returns each row's
+log-sum-exp, and the diagonal keys are merged in by log-sum-exp algebra.
+
+Loss: sum_k decay**k * CE_k, CE_k the soft cross-entropy summed over trained positions
+divided by the step's masked-token count (`valid_counts`), so gradient accumulation and data
+parallelism give exactly the full-batch gradient.
 
 Shapes: B rows, T tokens, D hidden, V target vocab, Vd draft vocab, N/Kh heads, H head dim.
 """
@@ -31,6 +35,7 @@ import jax.numpy as jnp
 
 from eagle3kit.core import draft, target
 from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.flash import FlashBlocks, flash_attention
 from eagle3kit.core.layers import _MASKED, attend, causal_mask
 from eagle3kit.core.metrics import StepCounts, step_counts
 from eagle3kit.core.sharding import constrain
@@ -65,8 +70,11 @@ class TTTConfig:
     steps: int = 7
     decay: float = 0.8
     compute_dtype: Any = jnp.bfloat16
-    attention: str = "xla"  # "xla" or "cudnn" (layers.attend): the target's, and TTT step 0's
+    # "xla" or "cudnn" (layers.attend): the target's and TTT step 0's attention; "pallas":
+    # the target through cuDNN, every TTT step through the fused kernel (core/flash.py, GPU)
+    attention: str = "xla"
     attention_block: int = 512  # query rows per block of the TTT attention (at most 16 blocks)
+    flash_blocks: FlashBlocks | None = None  # the fused kernel's tiles (None: its defaults)
     remat: bool = False  # recompute each whole step in the backward pass (saves memory, ~25%
     # more draft FLOPs); the attention scores are recomputed either way
 
@@ -104,9 +112,19 @@ def valid_counts(batch: Batch, steps: int) -> jax.Array:
     return jnp.stack([m.sum() for m in valid_masks(batch, steps)]).astype(jnp.float32)
 
 
+def target_attention(attention: str) -> str:
+    """The target's attention kernel for a `TTTConfig.attention` choice: "pallas" runs the
+    target through cuDNN on GPUs (through XLA elsewhere, where the kernel itself runs in
+    Pallas' interpret mode: correct, slow, for tests)."""
+    if attention == "pallas":
+        return "cudnn" if jax.default_backend() == "gpu" else "xla"
+    return attention
+
+
 def target_signals(target_w: target.TargetWeights, tcfg: TargetConfig, dcfg: DraftConfig,
                    vocab: VocabArrays, batch: Batch, attention: str = "xla") -> TargetSignals:
     """Runs the frozen target once: captured states, logits, draft-vocab distribution."""
+    attention = target_attention(attention)
     with jax.named_scope("target"):
         out = target.forward(target_w, tcfg, batch.tokens, batch.segment_ids, batch.positions,
                              dcfg.aux_layer_ids, attention)
@@ -157,22 +175,58 @@ def _attend_block(qg_BxQxKxGxH, k0_BxSxKxH, v0_BxSxKxH, seg_q_BxQ, seg_s_BxS, di
     return o
 
 
-def _ttt_attend(q_BxTxNxH, keys, values, segment_ids_BxT, block: int = 512):
-    """Step-0 keys (causal, same document) plus the diagonal keys of steps 1..k, blockwise.
+def _diagonal(qg_BxTxKxGxH, keys, values):
+    """The diagonal keys of steps 1..k: scaled fp32 scores [B, K, G, T, I] and their values
+    [B, T, I, K, H], or (None, None) at step 0."""
+    if len(keys) < 2:
+        return None, None
+    h = qg_BxTxKxGxH.shape[-1]
+    diag = jnp.stack([jnp.einsum("btkgh,btkh->bkgt", qg_BxTxKxGxH, k_i,
+                                 preferred_element_type=jnp.float32) * (h ** -0.5)
+                      for k_i in keys[1:]], axis=-1)
+    return diag, jnp.stack(values[1:], axis=2)
 
-    Each block of query rows sees the step-0 keys up to its own last row, so the blocks
-    above the diagonal are never computed; `jax.checkpoint` recomputes a block's scores in
-    the backward pass instead of saving them.
+
+def _ttt_attend_fused(q_BxTxNxH, keys, values, segment_ids_BxT,
+                      blocks: FlashBlocks | None = None):
+    """The step-0 keys through the flash kernel (out0, lse0), the diagonal keys merged in by
+    log-sum-exp: out = (e^(lse0 - m) out0 + sum_i e^(d_i - m) v_i) / (e^(lse0 - m) +
+    sum_i e^(d_i - m)), m the row maximum; elementwise over [B, N, T, I]."""
+    b, t, n, h = q_BxTxNxH.shape
+    kh = keys[0].shape[2]
+    o0_BxTxNxH, lse0_BxNxT = flash_attention(q_BxTxNxH, keys[0], values[0], segment_ids_BxT,
+                                             blocks)
+    diag, vd = _diagonal(q_BxTxNxH.reshape(b, t, kh, n // kh, h), keys, values)
+    if diag is None:
+        return o0_BxTxNxH
+    lse0 = lse0_BxNxT.reshape(b, kh, n // kh, t)
+    m = jnp.maximum(lse0, jnp.max(diag, axis=-1))
+    w0 = jnp.exp(lse0 - m)
+    wd = jnp.exp(diag - m[..., None])
+    z = w0 + jnp.sum(wd, axis=-1)
+    dtype = values[0].dtype
+    o = (o0_BxTxNxH.reshape(b, t, kh, n // kh, h).astype(jnp.float32)
+         * jnp.einsum("bkgt->btkg", w0 / z)[..., None])
+    o = o + jnp.einsum("bkgti,btikh->btkgh", (wd / z[..., None]).astype(dtype), vd,
+                       preferred_element_type=jnp.float32)
+    return o.astype(dtype).reshape(b, t, n, h)
+
+
+def _ttt_attend(q_BxTxNxH, keys, values, segment_ids_BxT, block: int = 512,
+                impl: str = "xla", flash_blocks: FlashBlocks | None = None):
+    """Step-0 keys (causal, same document) plus the diagonal keys of steps 1..k -> [B, T, N, H].
+
+    `impl="xla"`: blockwise; each block of query rows sees the step-0 keys up to its own
+    last row, so the blocks above the diagonal are never computed; `jax.checkpoint`
+    recomputes a block's scores in the backward pass instead of saving them.
+    `impl="pallas"`: the fused kernel with the log-sum-exp merge (`_ttt_attend_fused`).
     """
+    if impl == "pallas":
+        return _ttt_attend_fused(q_BxTxNxH, keys, values, segment_ids_BxT, flash_blocks)
     b, t, n, h = q_BxTxNxH.shape
     kh = keys[0].shape[2]
     qg = q_BxTxNxH.reshape(b, t, kh, n // kh, h)
-    diag = vd = None
-    if len(keys) > 1:
-        diag = jnp.stack([jnp.einsum("btkgh,btkh->bkgt", qg, k_i,
-                                     preferred_element_type=jnp.float32) * (h ** -0.5)
-                          for k_i in keys[1:]], axis=-1)  # B,K,G,T,I
-        vd = jnp.stack(values[1:], axis=2)  # B,T,I,K,H
+    diag, vd = _diagonal(qg, keys, values)
     outs = []
     for start, stop in query_blocks(t, block):
         fn = jax.checkpoint(functools.partial(_attend_block, start=start))
@@ -196,11 +250,12 @@ def soft_cross_entropy(logits_BxTxVd: jax.Array, target_p_BxTxVd: jax.Array) -> 
 
 def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, target_argmax, valid,
               in_draft, vocab, *, cfg: DraftConfig, k: int, block: int = 512,
-              attention: str = "xla"):
+              attention: str = "xla", flash_blocks: FlashBlocks | None = None):
     """Draft step k: returns (h, new key, new value, masked CE [B,T], correct [B,T]).
 
     Step 0 has no diagonal keys: its attention is plain causal attention, which runs through
-    `layers.attend` (cuDNN flash attention when `attention="cudnn"`).
+    `layers.attend` (cuDNN flash attention when `attention="cudnn"`); `attention="pallas"`
+    runs every step through the fused kernel.
     """
     with jax.named_scope(f"ttt_step{k}"):
         p = draft.project(w, cfg, emb, hidden, positions)
@@ -210,7 +265,8 @@ def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, targe
                 a = attend(p.q_BxTxNxH, p.k_BxTxKxH, p.v_BxTxKxH, causal_mask(segment_ids),
                            attention)
             else:
-                a = _ttt_attend(p.q_BxTxNxH, keys, values, segment_ids, block)
+                a = _ttt_attend(p.q_BxTxNxH, keys, values, segment_ids, block,
+                                "pallas" if attention == "pallas" else "xla", flash_blocks)
         h = draft.finish(w, cfg, a, p.residual_BxTxD)
         logits = draft.head(w, cfg, h)  # B,T,Vd in the compute dtype
         with jax.named_scope("loss"):
@@ -234,7 +290,7 @@ def rollout(w: draft.DraftWeights, cfg: DraftConfig, sig: TargetSignals, batch: 
     loss = jnp.zeros((), jnp.float32)
     for k in range(ttt.steps):
         step = functools.partial(_one_step, cfg=cfg, k=k, block=ttt.attention_block,
-                                 attention=ttt.attention)
+                                 attention=ttt.attention, flash_blocks=ttt.flash_blocks)
         if ttt.remat:  # keeps one step's activations alive in the backward pass, not K
             step = jax.checkpoint(step)
         hidden, key, value, ce, correct = step(

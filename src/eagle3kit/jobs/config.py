@@ -21,7 +21,7 @@ from eagle3kit.errors import UserError
 from eagle3kit.io import dtypes
 
 COMPUTE_DTYPES = dtypes.COMPUTE  # names of --dtype / --target-dtype
-ATTENTION = ("auto", "xla", "cudnn")  # target attention kernels (core.layers.resolve_attention)
+ATTENTION = ("auto", "xla", "cudnn", "pallas")  # attention kernels (core.layers.resolve_attention)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -130,7 +130,8 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     planned_steps = epoch_batches * cfg.epochs
     total_steps = min(planned_steps, cfg.max_steps or planned_steps)
     ttt_cfg = ttt.TTTConfig(cfg.ttt.steps, cfg.ttt.decay, common.DTYPES[cfg.dtype],
-                            resolve_attention(cfg.attention, common.DTYPES[cfg.target_dtype]))
+                            resolve_attention(cfg.attention, common.DTYPES[cfg.target_dtype],
+                                              common.DTYPES[cfg.dtype]))
     trainer = Trainer(tcfg, setup.dcfg, ttt_cfg,
                       dataclasses.replace(cfg.optim, total_steps=planned_steps), mesh)
     target_w = load_target(setup.ckpt, mesh, common.DTYPES[cfg.target_dtype])
