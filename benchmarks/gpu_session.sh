@@ -127,7 +127,8 @@ decode)
   DRAFT=$RUN/run/final; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
   python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$DRAFT" \
     --prompts mt-bench --steps "${SHAPES:-3,5,7,5/4/8}" --max-new-tokens 256 --json \
-    --concurrency "${CONCURRENCY:-1,8,32,64}" | tee "$OUTDIR/decode_speed.txt"
+    --concurrency "${CONCURRENCY:-1,8,32,64}" ${LIMIT:+--limit "$LIMIT"} \
+    | tee "$OUTDIR/decode_speed${TAG:-}.txt"
   ;;
 *)
   echo "unknown stage $1" >&2; exit 2 ;;
