@@ -384,12 +384,18 @@ class Engine:
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """Every request to completion; completions in the order of `requests`."""
-        queue = collections.deque(requests)
-        by_handle: dict[Any, Completion] = {}
-        while queue or self.busy:
-            for c in self.step(queue):
-                by_handle[c.handle] = c
-        return [by_handle[r.handle] for r in requests]
+        return run_to_completion(self, requests)
+
+
+def run_to_completion(engine, requests: Sequence[Request]) -> list:
+    """Feeds `requests` to an engine's `step(queue)` until it is idle (`busy` false); the
+    completions in the order of `requests`. Both engines (plain and speculative) use it."""
+    queue = collections.deque(requests)
+    by_handle: dict[Any, Completion] = {}
+    while queue or engine.busy:
+        for c in engine.step(queue):
+            by_handle[c.handle] = c
+    return [by_handle[r.handle] for r in requests]
 
 
 def _check_memory(cache_bytes: int, mesh: Mesh, cfg: EngineConfig) -> None:

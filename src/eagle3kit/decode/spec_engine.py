@@ -48,7 +48,13 @@ from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.sharding import RULES, batch_ways, spec_for, use_mesh
 from eagle3kit.core.ttt import VocabArrays
 from eagle3kit.decode import draft_cache, speculative
-from eagle3kit.decode.engine import Completion, Request, _rows_bucket, window_bucket
+from eagle3kit.decode.engine import (
+    Completion,
+    Request,
+    _rows_bucket,
+    run_to_completion,
+    window_bucket,
+)
 from eagle3kit.decode.runner import _truncate, bucket
 from eagle3kit.decode.speculative import DecodeConfig
 from eagle3kit.errors import ResourceError
@@ -360,9 +366,4 @@ class SpecEngine:
 
     def generate(self, requests: Sequence[Request]) -> list[SpecCompletion]:
         """Every request to completion; completions in the order of `requests`."""
-        queue = collections.deque(requests)
-        by_handle: dict[Any, SpecCompletion] = {}
-        while queue or self.busy:
-            for c in self.step(queue):
-                by_handle[c.handle] = c
-        return [by_handle[r.handle] for r in requests]
+        return run_to_completion(self, requests)
