@@ -320,7 +320,7 @@ def test_prompt_longer_than_the_context_is_refused(tiny, tmp_path):
     (["--mode", "sideways"], "--mode 'sideways'"),
     (["--prompts", "mt-bench"], "--data is scored teacher-forced"),
     (["--temperature", "-1"], "--temperature"),
-    (["--attention", "flash"], "'flash': choose auto, xla, cudnn"),
+    (["--attention", "flash"], "'flash': choose auto, xla, cudnn, pallas"),
     (["--plot", "-"], "--plot -: a PNG cannot go to stdout"),
     (["--topk", "4"], "--topk and --draft-tokens shape the draft trees"),
 ])

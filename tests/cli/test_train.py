@@ -360,7 +360,7 @@ def test_smollm2_draft_learns_on_real_sharegpt(tmp_path):
     ("--warmup-ratio", "1", "--warmup-ratio 1: must be in [0, 1)"),
     ("--epochs", "0", "--epochs 0: must be at least 1"),
     ("--dtype", "float16", "'float16': choose bfloat16, float32"),
-    ("--attention", "flash", "'flash': choose auto, xla, cudnn"),
+    ("--attention", "flash", "'flash': choose auto, xla, cudnn, pallas"),
 ])
 def test_options_are_refused_before_anything_loads(a, tmp_path, option, value, message):
     args = base_args(a, tmp_path / "run")

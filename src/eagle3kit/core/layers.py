@@ -69,7 +69,9 @@ def resolve_attention(impl: str, dtype, draft_dtype=None) -> str:
     16 bits too, else "cudnn"; "xla" elsewhere. Other choices pass through."""
     if impl != "auto":
         return impl
-    half = lambda d: jnp.dtype(d) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))  # noqa: E731
+    def half(d) -> bool:
+        return jnp.dtype(d) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
     if not (half(dtype) and jax.default_backend() == "gpu"):
         return "xla"
     # the kernel was measured and checked on GPUs in bf16 only (docs/benchmarks.md)

@@ -158,7 +158,8 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     t0 = time.perf_counter()
     target_w = load_target(ckpt, mesh, target_dtype)
     trainer = Trainer(tcfg, draft.config, ttt.TTTConfig(
-        cfg.steps, TTTSettings().decay, dtype, resolve_attention(cfg.attention, target_dtype, dtype)),
+        cfg.steps, TTTSettings().decay, dtype,
+        resolve_attention(cfg.attention, target_dtype, dtype)),
         OptimConfig(), mesh)
     params = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), draft.weights),
                             trainer.param_shardings)
