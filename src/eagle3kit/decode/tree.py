@@ -94,13 +94,20 @@ def accept_greedy(target_logits_NxV: jax.Array, tree: Tree, steps: int
     """
     best = jnp.argmax(target_logits_NxV, axis=-1).astype(jnp.int32)
     agrees = (tree.tokens == best[tree.parent]).at[0].set(True)
-    on_path = (~tree.ancestors | agrees[None, :]).all(-1)  # every ancestor agrees
+    path, a, last = _deepest_path(tree, agrees, steps)
+    return path, a, best[last]
+
+
+def _deepest_path(tree: Tree, accepted_N: jax.Array, steps: int
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The deepest node whose every ancestor (itself included) is accepted -> (its path
+    [steps + 1] node ids from the root, padded with its own id; its depth a; the node)."""
+    on_path = (~tree.ancestors | accepted_N[None, :]).all(-1)
     last = jnp.argmax(jnp.where(on_path, tree.depth, -1)).astype(jnp.int32)
-    a = tree.depth[last]
     depths = jnp.arange(steps + 1)[:, None]
     at_depth = tree.ancestors[last][None, :] & (tree.depth[None, :] == depths)
     path = jnp.argmax(at_depth, axis=-1).astype(jnp.int32)
-    return path, a, best[last]
+    return path, tree.depth[last], last
 
 
 def accept_sampled(key: jax.Array, target_logits_NxV: jax.Array, tree: Tree, steps: int,
@@ -152,12 +159,7 @@ def accept_with_uniforms(u_N: jax.Array, u_bonus: jax.Array, target_logits_NxV: 
     left = jnp.maximum(1.0 - (earlier_sibling * p_tok[None, :]).sum(-1), 0.0)
     ok = u_N * left < p_tok
     first_ok = (ok & ~(earlier_sibling & ok[None, :]).any(-1)).at[0].set(True)
-    on_path = (~tree.ancestors | first_ok[None, :]).all(-1)  # every ancestor accepted
-    last = jnp.argmax(jnp.where(on_path, tree.depth, -1)).astype(jnp.int32)
-    a = tree.depth[last]
-    depths = jnp.arange(steps + 1)[:, None]
-    at_depth = tree.ancestors[last][None, :] & (tree.depth[None, :] == depths)
-    path = jnp.argmax(at_depth, axis=-1).astype(jnp.int32)
+    path, a, last = _deepest_path(tree, first_ok, steps)
     # the bonus: every child of `last` was tried and rejected (else the path went deeper)
     is_child = (tree.parent == last) & (idx > 0)
     removed_V = jnp.zeros(p_NxV.shape[-1], bool).at[tree.tokens].max(is_child)
