@@ -28,9 +28,12 @@ from tests.core.test_target import assert_close, torch_reference
 FAMILIES = ["qwen3_moe", "gpt_oss", "gemma3"]
 
 
-def jax_forward(ckpt, mesh, tokens, aux_ids):
+def jax_forward(ckpt, mesh, tokens, aux_ids, unstacked=False):
+    """`unstacked`: through the trainer's per-layer weights (the stack is deleted)."""
     w = load_target(ckpt, mesh, jnp.float32)
     cfg = ckpt.config
+    if unstacked:
+        w = target.unstack_in_place(w, cfg)
 
     @jax.jit
     def run(w, tokens):
@@ -54,10 +57,12 @@ def test_parity(family, mesh_spec, tmp_path):
     aux_ids = (0, 1, 2, 3)  # every layer's input: dense, sparse, local and global layers
     ref_logits, ref_aux = torch_reference(model, tokens, aux_ids)
     devices = jax.devices()[:1] if mesh_spec.startswith("data=1") else jax.devices()
-    w, logits, aux = jax_forward(ckpt, make_mesh(mesh_spec, devices), tokens, aux_ids)
-    assert_close(logits, ref_logits, f"{family} logits")
-    for i, a, r in zip(aux_ids, aux, ref_aux, strict=True):
-        assert_close(a, r, f"{family} hidden_states[{i}]")
+    for unstacked in (True, False):  # the trainer's per-layer weights, the scanned stack
+        w, logits, aux = jax_forward(ckpt, make_mesh(mesh_spec, devices), tokens, aux_ids,
+                                     unstacked)
+        assert_close(logits, ref_logits, f"{family} logits (unstacked={unstacked})")
+        for i, a, r in zip(aux_ids, aux, ref_aux, strict=True):
+            assert_close(a, r, f"{family} hidden_states[{i}] (unstacked={unstacked})")
     if cfg.moe is not None and mesh_spec != "data=1,tensor=1":
         gate = w.experts.gate  # Ls, E, D, F with E split over the mesh
         assert {s.data.shape[1] for s in gate.addressable_shards} == {cfg.moe.num_experts // 2}

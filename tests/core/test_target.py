@@ -39,9 +39,12 @@ def torch_reference(model, tokens: np.ndarray, aux_ids):
     return out.logits.numpy(), [out.hidden_states[i].numpy() for i in aux_ids]
 
 
-def jax_forward(ckpt, mesh, tokens, dtype=jnp.float32):
+def jax_forward(ckpt, mesh, tokens, dtype=jnp.float32, unstacked=False):
+    """Logits and captured states; `unstacked`: through the trainer's per-layer weights."""
     w = load_target(ckpt, mesh, dtype)
     cfg = ckpt.config
+    if unstacked:
+        w = target.unstack_in_place(w, cfg)
 
     @jax.jit
     def run(w, tokens):
@@ -66,10 +69,11 @@ def test_tiny_parity(family, mesh_spec, tmp_path):
     ref_logits, ref_aux = torch_reference(model, tokens, aux_ids)
     devices = jax.devices()[:1] if mesh_spec.startswith("data=1") else jax.devices()
     mesh = make_mesh(mesh_spec, devices)
-    logits, aux = jax_forward(ckpt, mesh, tokens)
-    assert_close(logits, ref_logits, f"{family} logits")
-    for i, (a, r) in enumerate(zip(aux, ref_aux, strict=True)):
-        assert_close(a, r, f"{family} hidden_states[{aux_ids[i]}]")
+    for unstacked in (False, True):  # the scanned stack, the trainer's per-layer weights
+        logits, aux = jax_forward(ckpt, mesh, tokens, unstacked=unstacked)
+        assert_close(logits, ref_logits, f"{family} logits")
+        for i, (a, r) in enumerate(zip(aux, ref_aux, strict=True)):
+            assert_close(a, r, f"{family} hidden_states[{aux_ids[i]}] (unstacked={unstacked})")
 
 
 def test_weights_really_sharded(tmp_path):
@@ -80,6 +84,15 @@ def test_weights_really_sharded(tmp_path):
     assert q.sharding.spec[2] == "tensor"
     shard_shapes = {s.data.shape for s in q.addressable_shards}
     assert shard_shapes == {(6, 32, 2, 8)}
+    # unstacked for training: each layer keeps its heads split, and the stack is freed
+    stacked = jax.tree.leaves(w.layers) + jax.tree.leaves(w.mlp)
+    layers = target.unstack_in_place(w, ckpt.config)
+    assert all(a.is_deleted() for a in stacked)
+    assert len(layers.layers) == len(layers.mlps) == ckpt.config.num_layers
+    for lw in layers.layers:
+        assert {s.data.shape for s in lw.q.addressable_shards} == {(32, 2, 8)}
+    assert {s.data.shape for s in layers.mlps[0].gate.addressable_shards} == {
+        (32, ckpt.config.intermediate_size // 2)}
 
 
 def test_indivisible_heads_is_a_clear_error(tmp_path):
@@ -135,7 +148,8 @@ def test_smollm2_parity(mesh_spec):
     tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 48))
     ref_logits, ref_aux = torch_reference(model, tokens, cfg.default_aux_layer_ids())
     devices = jax.devices()[:1] if mesh_spec.startswith("data=1") else jax.devices()[:6]
-    logits, aux = jax_forward(ckpt, make_mesh(mesh_spec, devices), tokens)
+    logits, aux = jax_forward(ckpt, make_mesh(mesh_spec, devices), tokens,
+                              unstacked=mesh_spec.startswith("data=1"))  # as the trainer's
     assert_close(logits, ref_logits, "SmolLM2 logits")
     for a, r in zip(aux, ref_aux, strict=True):
         assert_close(a, r, "SmolLM2 hidden state")

@@ -4,10 +4,12 @@ forward with hidden-state capture.
 Layers are stacked along a leading `layers` axis and run under `lax.scan`, so an 8B target
 compiles as one layer. What varies per layer (sliding window or full attention, which rope,
 dense MLP or routed experts) is indexed by the layer inside the scan, never a second
-compiled layer. Two seams make one forward serve every use: `kv_fn` supplies keys (training:
-the layer's own; decoding: a cache) and `mlp_fn` the MLP (dense or `core.moe`). The scan captures the residual stream entering the configured layers
-(HF `hidden_states[i]`), which the EAGLE3 draft reads, and optionally reads/writes a KV cache
-for decoding.
+compiled layer. Training and decoding unstack the layers first (`LayerList`, looped in
+Python): a longer compile, but no per-layer copy of the weights out of the stack. Two seams
+make one forward serve every use: `kv_fn` supplies keys (training: the layer's own;
+decoding: a cache) and `mlp_fn` the MLP (dense or `core.moe`). The forward captures the
+residual stream entering the configured layers (HF `hidden_states[i]`), which the EAGLE3
+draft reads, and optionally reads/writes a KV cache for decoding.
 """
 
 from __future__ import annotations
@@ -147,6 +149,13 @@ def embed_tokens(w: TargetWeights, tokens_BxT: jax.Array) -> jax.Array:
     return constrain(jnp.take(w.embed, tokens_BxT, axis=0), ("batch", "seq", "act_embed"))
 
 
+def _embed(w, cfg: TargetConfig, tokens_BxT: jax.Array) -> jax.Array:
+    x = embed_tokens(w, tokens_BxT)
+    if cfg.gemma_norms:  # Gemma scales the embeddings by sqrt(D), rounded to the weight dtype
+        x = x * jnp.asarray(math.sqrt(x.shape[-1]), x.dtype)
+    return x
+
+
 @dataclasses.dataclass(frozen=True)
 class _LayerTables:
     """Per-layer attention variation as arrays indexed by the (traced) layer index, so local
@@ -175,6 +184,12 @@ def _rope(x_BxTxNxH, positions_BxT, tables: _LayerTables, r):
     return out
 
 
+def _mlp_for(cfg: TargetConfig, sparse: bool):
+    if sparse:
+        return lambda h, layer, ew: moe.moe_mlp(h, ew, cfg.moe)
+    return lambda h, layer, mw: gated_mlp(h, mw.gate, mw.up, mw.down, cfg.mlp_activation)
+
+
 def _mlp_seam(w: TargetWeights, cfg: TargetConfig):
     """(per-layer scanned MLP weights or None, mlp_fn(h, layer, scanned) -> [B, T, D]).
 
@@ -182,16 +197,11 @@ def _mlp_seam(w: TargetWeights, cfg: TargetConfig):
     a mixed Qwen3-MoE stack (`mlp_only_layers`, `decoder_sparse_step`) indexes the dense or
     the expert stack by layer and picks the branch with `lax.cond`.
     """
-    def dense(h, mw):
-        return gated_mlp(h, mw.gate, mw.up, mw.down, cfg.mlp_activation)
-
-    def sparse(h, ew):
-        return moe.moe_mlp(h, ew, cfg.moe)
-
+    dense, sparse = _mlp_for(cfg, False), _mlp_for(cfg, True)
     if w.experts is None:
-        return w.mlp, lambda h, layer, mw: dense(h, mw)
+        return w.mlp, dense
     if w.mlp is None:
-        return w.experts, lambda h, layer, ew: sparse(h, ew)
+        return w.experts, sparse
     flags = np.asarray(cfg.moe.sparse_layers)
     slot = jnp.asarray(np.where(flags, np.cumsum(flags) - 1, np.cumsum(~flags) - 1), jnp.int32)
     is_sparse = jnp.asarray(flags)
@@ -200,8 +210,9 @@ def _mlp_seam(w: TargetWeights, cfg: TargetConfig):
         return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stack)
 
     def mixed(h, layer, _):
-        return jax.lax.cond(is_sparse[layer], lambda: sparse(h, take(w.experts, slot[layer])),
-                            lambda: dense(h, take(w.mlp, slot[layer])))
+        return jax.lax.cond(is_sparse[layer],
+                            lambda: sparse(h, layer, take(w.experts, slot[layer])),
+                            lambda: dense(h, layer, take(w.mlp, slot[layer])))
     return None, mixed
 
 
@@ -278,10 +289,8 @@ def _scan_layers(w: TargetWeights, cfg: TargetConfig, tokens_BxT, positions_BxT,
     unique = tuple(sorted(set(aux_layer_ids)))
     slots = _capture_slots(cfg, unique)
     n = len(unique)
-    x = embed_tokens(w, tokens_BxT)
+    x = _embed(w, cfg, tokens_BxT)
     b, t, d = x.shape
-    if cfg.gemma_norms:  # Gemma scales the embeddings by sqrt(D), rounded to the weight dtype
-        x = x * jnp.asarray(math.sqrt(d), x.dtype)
     # no capture asked (plain generation): no aux buffer and no per-layer write at all
     aux = jnp.zeros((n + 1, b, t, d), x.dtype) if n else None
 
@@ -304,7 +313,7 @@ def _scan_layers(w: TargetWeights, cfg: TargetConfig, tokens_BxT, positions_BxT,
     return TargetOutput(x, constrain(aux_BxTxA, ("batch", "seq", "act_embed"))), extra
 
 
-def forward(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
+def forward(w: TargetWeights | LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
             segment_ids_BxT: jax.Array | None = None, positions_BxT: jax.Array | None = None,
             aux_layer_ids: tuple[int, ...] | None = None, attn_impl: str = "xla"
             ) -> TargetOutput:
@@ -312,7 +321,8 @@ def forward(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
 
     `segment_ids` (0 = padding) keep packed documents apart; `positions` restart per document.
     Returns the final-normed hidden state and the captured auxiliary states.
-    `attn_impl`: "xla" or "cudnn" (see layers.attend).
+    `attn_impl`: "xla" or "cudnn" (see layers.attend). Stacked weights run as one scanned
+    layer; a `LayerList` (the trainer's, see `unstack_in_place`) as one block per layer.
     """
     aux_layer_ids = cfg.default_aux_layer_ids() if aux_layer_ids is None else aux_layer_ids
     b, t = tokens_BxT.shape
@@ -325,6 +335,8 @@ def forward(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
     def kv_fn(k, v, layer, extra):
         return k, v, mask, positions_BxT, extra
 
+    if isinstance(w, LayerList):
+        return _loop_layers(w, cfg, tokens_BxT, positions_BxT, kv_fn, aux_layer_ids, attn_impl)
     out, _ = _scan_layers(w, cfg, tokens_BxT, positions_BxT, aux_layer_ids, kv_fn, None,
                           attn_impl)
     return out
@@ -382,12 +394,13 @@ def forward_cached(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class LayerList:
-    """A target with its layers unstacked, for decoding.
+    """A target with its layers unstacked, for decoding and training.
 
     Scanning stacked layers makes XLA copy each layer's weights (and cache) out of the stack
     at every step: where decoding is bound by reading the weights once per step, that
-    doubles the traffic (34% + 20% of an 8B decode step on an H200). Decoding therefore loops
-    over per-layer arrays (one compiled body per layer, which small decode programs afford).
+    doubles the traffic (34% + 20% of an 8B decode step on an H200), and in a training step
+    the copies are a few per cent of the time. Both therefore loop over per-layer arrays (one
+    compiled body per layer: a longer compile, and for training a forward-only one).
     `mlps[i]` is layer i's `DenseMLP` or `moe.ExpertWeights` slice.
     """
 
@@ -403,7 +416,9 @@ def _sparse_layers(cfg: TargetConfig) -> tuple[bool, ...]:
 
 
 def unstack(w: TargetWeights, cfg: TargetConfig) -> LayerList:
-    """Per-layer copies of the stacked weights (jit it; drop the stacked ones after)."""
+    """Per-layer copies of the stacked weights (jit it; drop the stacked ones after).
+
+    Holds both copies at once; `unstack_in_place` needs one stacked array's worth extra."""
     def take(stack, i):
         return jax.tree.map(lambda a: a[i], stack)
 
@@ -413,6 +428,58 @@ def unstack(w: TargetWeights, cfg: TargetConfig) -> LayerList:
         mlps.append(take(w.experts if sparse else w.mlp, counts[sparse]))
         counts[sparse] += 1
     return LayerList(w.embed, layers, mlps, w.final_norm, w.lm_head)
+
+
+def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig) -> LayerList:
+    """`unstack`, one stacked array at a time, deleting each once it is split: the peak is the
+    target plus its largest stacked array, not two targets (an MoE target's experts are
+    most of it). `w` must not be used afterwards. A `LayerList` is returned as it is."""
+    if isinstance(w, LayerList):
+        return w
+    split = jax.jit(lambda a: tuple(a[i] for i in range(a.shape[0])))
+
+    def per_layer(stack) -> list:
+        leaves, treedef = jax.tree.flatten(stack)
+        parts = []
+        for a in leaves:
+            parts.append(split(a))
+            a.delete()
+        return [treedef.unflatten([p[i] for p in parts]) for i in range(len(parts[0]))] \
+            if parts else []
+
+    layers = per_layer(w.layers)
+    mlps = {False: per_layer(w.mlp) if w.mlp is not None else [],
+            True: per_layer(w.experts) if w.experts is not None else []}
+    counts = {True: 0, False: 0}
+    ordered = []
+    for sparse in _sparse_layers(cfg):
+        ordered.append(mlps[sparse][counts[sparse]])
+        counts[sparse] += 1
+    return LayerList(w.embed, layers, ordered, w.final_norm, w.lm_head)
+
+
+def _loop_layers(w: LayerList, cfg: TargetConfig, tokens_BxT, positions_BxT, kv_fn,
+                 aux_layer_ids: tuple[int, ...] = (), attn_impl: str = "xla") -> TargetOutput:
+    """`_scan_layers` for per-layer weights: a Python loop, capturing the input of each
+    layer in `aux_layer_ids` (concatenated in that order, as the scan's slots)."""
+    tables = _tables(cfg)
+    x = _embed(w, cfg, tokens_BxT)
+    for i in aux_layer_ids:
+        if not 0 <= i < cfg.num_layers:
+            raise ValueError(f"aux layer id {i} outside 0..{cfg.num_layers - 1}")
+    captured = {}
+    for i, (lw, mw, sparse) in enumerate(zip(w.layers, w.mlps, _sparse_layers(cfg),
+                                             strict=True)):
+        if i in aux_layer_ids:
+            captured[i] = x
+        with jax.named_scope(f"layer{i}"):
+            x, _ = _layer(x, lw, cfg, positions_BxT, tables, kv_fn, _mlp_for(cfg, sparse), mw,
+                          i, None, attn_impl)
+    x = (gemma_rms_norm if cfg.gemma_norms else rms_norm)(x, w.final_norm, cfg.rms_norm_eps)
+    if not aux_layer_ids:
+        return TargetOutput(x, None)
+    aux_BxTxA = jnp.concatenate([captured[i] for i in aux_layer_ids], axis=-1)
+    return TargetOutput(x, constrain(aux_BxTxA, ("batch", "seq", "act_embed")))
 
 
 @jax.tree_util.register_dataclass
@@ -473,20 +540,5 @@ def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
             keys, values = keys[rows], values[rows]
         return keys, values, mask, key_positions, extra
 
-    def dense(h, layer, mw):
-        return gated_mlp(h, mw.gate, mw.up, mw.down, cfg.mlp_activation)
-
-    def sparse(h, layer, ew):
-        return moe.moe_mlp(h, ew, cfg.moe)
-
-    tables = _tables(cfg)
-    x = embed_tokens(w, tokens_BxT)
-    if cfg.gemma_norms:  # as in _scan_layers
-        x = x * jnp.asarray(math.sqrt(x.shape[-1]), x.dtype)
-    for i, (lw, mw, is_sparse) in enumerate(zip(w.layers, w.mlps, _sparse_layers(cfg),
-                                                strict=True)):
-        with jax.named_scope(f"layer{i}"):
-            x, _ = _layer(x, lw, cfg, positions_BxT, tables, kv_fn,
-                          sparse if is_sparse else dense, mw, i, None)
-    norm = gemma_rms_norm if cfg.gemma_norms else rms_norm
-    return norm(x, w.final_norm, cfg.rms_norm_eps), RowCache(ks, vs)
+    out = _loop_layers(w, cfg, tokens_BxT, positions_BxT, kv_fn)
+    return out.hidden_BxTxD, RowCache(ks, vs)

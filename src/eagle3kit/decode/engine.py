@@ -243,8 +243,10 @@ class Engine:
         if cfg.prefill_chunk & (cfg.prefill_chunk - 1) or cfg.prefill_chunk < 16:
             raise ValueError(f"prefill_chunk {cfg.prefill_chunk}: a power of two >= 16")
         self.tcfg, self.mesh, self.cfg = tcfg, mesh, cfg
-        # per-layer weights: see target.LayerList (the caller may drop the stacked ones)
-        self.w = jax.jit(target.unstack, static_argnums=1)(weights, tcfg)
+        # per-layer weights: see target.LayerList (the caller may drop the stacked ones, or
+        # pass a LayerList it made with target.unstack_in_place)
+        self.w = weights if isinstance(weights, target.LayerList) else \
+            jax.jit(target.unstack, static_argnums=1)(weights, tcfg)
         self.stop_ids = jnp.asarray(sorted(set(stop_ids)) or [-1], jnp.int32)
         self._stops = set(int(s) for s in stop_ids)  # the host's copy, for _emit
         self.base_key = jax.random.key(cfg.seed)

@@ -484,13 +484,16 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     import jax
 
     from eagle3kit.core.sharding import make_mesh
+    from eagle3kit.core.target import unstack_in_place
     from eagle3kit.decode.engine import Engine, EngineConfig, Sampling
     from eagle3kit.io.hf import load_target
 
     compile_cache()
     mesh = make_mesh(cfg.mesh)
     t0 = time.perf_counter()
-    weights = load_target(ckpt, mesh, common.DTYPES[cfg.target_dtype])
+    # unstacked one array at a time: never two copies of the target at once
+    weights = unstack_in_place(load_target(ckpt, mesh, common.DTYPES[cfg.target_dtype]),
+                               ckpt.config)
     engine = Engine(ckpt.config, weights, mesh, sorted(stops), EngineConfig(
         rows=cfg.slots, max_context=cfg.max_context, sync_every=cfg.sync_every,
         sampling=Sampling(cfg.temperature, cfg.top_p), seed=cfg.seed))

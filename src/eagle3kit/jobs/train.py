@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from eagle3kit.core import ttt
+from eagle3kit.core import target, ttt
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.metrics import summarize
@@ -134,7 +134,9 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
                                               common.DTYPES[cfg.dtype]))
     trainer = Trainer(tcfg, setup.dcfg, ttt_cfg,
                       dataclasses.replace(cfg.optim, total_steps=planned_steps), mesh)
-    target_w = load_target(setup.ckpt, mesh, common.DTYPES[cfg.target_dtype])
+    # per-layer arrays: the scan over stacked layers would copy each layer's weights per step
+    target_w = target.unstack_in_place(
+        load_target(setup.ckpt, mesh, common.DTYPES[cfg.target_dtype]), tcfg)
     vocab_dev = jax.device_put(ttt.VocabArrays.from_map(setup.vocab), trainer.replicated)
     state, step, epoch, position, elapsed_before = _initial_state(cfg, trainer, out,
                                                                   setup.init, console)
