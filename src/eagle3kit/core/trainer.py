@@ -122,9 +122,14 @@ class Trainer:
             (mb_loss, c), g = grad_fn(state.params, target_w, mb, vocab, denominators)
             return (jax.tree.map(jnp.add, grads, g), loss + mb_loss, counts + c), None
 
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
-        init = (zeros, jnp.zeros((), jnp.float32), StepCounts.zeros(self.ttt.steps))
-        (grads, loss, counts), _ = jax.lax.scan(micro, init, batch)
+        if batch.tokens.shape[0] == 1:  # no accumulation: no loop, no zero gradients to add to
+            (loss, counts), grads = grad_fn(state.params, target_w,
+                                            jax.tree.map(lambda x: x[0], batch), vocab,
+                                            denominators)
+        else:
+            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            init = (zeros, jnp.zeros((), jnp.float32), StepCounts.zeros(self.ttt.steps))
+            (grads, loss, counts), _ = jax.lax.scan(micro, init, batch)
         with jax.named_scope("optimizer"):
             updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
