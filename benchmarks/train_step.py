@@ -10,6 +10,11 @@
 Packed rows of random documents (64..2048 tokens, `--full-rows`: one document per row) with
 real segment structure; the step is the same jitted function `eagle3kit train` runs. Model
 FLOPs and MFU follow `eagle3kit.core.flops` (the convention of docs/benchmarks.md).
+
+"step ms" waits for each step before sending the next (the batch's transfer and the
+dispatch are in it); "piped" sends the next step before waiting for the last, as `eagle3kit
+train` does (it reports each step's metrics a step later), so the host's work overlaps the
+device's. Tokens/s, TFLOP/s and MFU are the step's; "piped tok/s" is the trainer's rate.
 """
 
 from __future__ import annotations
@@ -69,6 +74,8 @@ def main() -> None:
     p.add_argument("--mesh", default=None)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--full-rows", action="store_true", help="one document filling each row")
+    p.add_argument("--stacked", action="store_true", help="scan the target's stacked layers "
+                   "(before the trainer unstacked them)")
     p.add_argument("--remat", action="store_true", help="recompute each TTT step's forward")
     p.add_argument("--attention-block", type=int, default=None,
                    help="query rows per block of the TTT attention")
@@ -93,6 +100,9 @@ def main() -> None:
         tcfg = TargetConfig.from_hf_config(json.loads(Path(args.random_target).read_text()))
         target_w = init_weights(TargetWeights.abstract(tcfg, jnp.bfloat16), jax.random.key(1),
                                 mesh)
+    if not args.stacked:  # as `eagle3kit train` runs it (older checkouts have no unstacking)
+        from eagle3kit.core.target import unstack_in_place
+        target_w = unstack_in_place(target_w, tcfg)
     dcfg = DraftConfig.for_target(tcfg, args.draft_vocab)
     vocab = VocabMap.from_ids(np.arange(args.draft_vocab), tcfg.vocab_size)
     rng = np.random.default_rng(0)
@@ -101,7 +111,7 @@ def main() -> None:
           f"({tcfg.num_params / 1e6:.0f}M params, {tcfg.active_params / 1e6:.0f}M active), draft {dcfg.num_params / 1e6:.1f}M, "
           f"K={args.ttt_length}, T={args.seq_len}, accum={args.grad_accum}")
     print(f"{'batch':>5} {'attn':>6} {'compile s':>9} {'step ms':>8} {'tokens/s':>10} "
-          f"{'TFLOP/s':>8} {'MFU':>5} {'peak GiB':>8}")
+          f"{'TFLOP/s':>8} {'MFU':>5} {'peak GiB':>8} {'piped ms':>8} {'piped tok/s':>11}")
     for batch, attn in itertools.product([int(b) for b in args.batch_size.split(",")],
                                          args.attention.split(",")):
         impl = resolve_attention(attn, jnp.bfloat16, jnp.bfloat16)
@@ -132,6 +142,14 @@ def main() -> None:
                 state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays))
                 jax.block_until_ready(m.loss)
                 times.append(time.perf_counter() - t0)
+            t0, previous = time.perf_counter(), None
+            for _ in range(args.steps):  # the trainer's loop: one step in flight
+                state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays))
+                if previous is not None:
+                    jax.block_until_ready(previous.loss)
+                previous = m
+            jax.block_until_ready(previous.loss)
+            piped = (time.perf_counter() - t0) / args.steps
         except Exception as e:  # OOM at a large batch: report and continue the sweep
             print(f"{batch:>5} {impl:>6}  failed: {str(e).splitlines()[0][:90]}")
             continue
@@ -141,7 +159,7 @@ def main() -> None:
         mfu = model_flops.mfu(flops / step, dev.device_kind)
         print(f"{batch:>5} {impl:>6} {compile_s:9.1f} {step * 1e3:8.1f} {tokens / step:10,.0f} "
               f"{flops / step / 1e12:8.1f} {'-' if mfu is None else f'{mfu:.1%}':>5} "
-              f"{peak:8.1f}")
+              f"{peak:8.1f} {piped * 1e3:8.1f} {tokens / piped:11,.0f}")
         if args.profile:
             import profile_summary
             trace = Path(args.profile) / f"trace-b{batch}-{impl}"
