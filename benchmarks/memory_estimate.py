@@ -16,17 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from eagle3kit.core import ttt
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import make_mesh, shape_dtypes, use_mesh
-from eagle3kit.core.target import TargetWeights
+from eagle3kit.core.target import LayerList, TargetWeights
 from eagle3kit.core.trainer import Trainer
 from eagle3kit.core.vocab import VocabMap
 
@@ -43,6 +45,18 @@ def tree_bytes(tree, mesh=None) -> float:
             n = math.prod(sh.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
         total += n
     return total
+
+
+def per_layer(w: TargetWeights, tcfg: TargetConfig) -> LayerList:
+    """Abstract `target.unstack_in_place`: each layer's slice keeps its stack's sharding."""
+    def drop(a):
+        spec = NamedSharding(a.sharding.mesh, PartitionSpec(*a.sharding.spec[1:]))
+        return jax.ShapeDtypeStruct(a.shape[1:], a.dtype, sharding=spec)
+
+    one = partial(jax.tree.map, drop)
+    sparse = tcfg.moe.sparse_layers if tcfg.moe else (False,) * tcfg.num_layers
+    return LayerList(w.embed, [one(w.layers)] * tcfg.num_layers,
+                     [one(w.experts if s else w.mlp) for s in sparse], w.final_norm, w.lm_head)
 
 
 def estimate(config_path: str, batch: int, seq_len: int, steps: int, draft_vocab: int,
@@ -66,6 +80,7 @@ def estimate(config_path: str, batch: int, seq_len: int, steps: int, draft_vocab
         "batch_GiB": tree_bytes(batch_shapes, mesh) / GiB,
     }
     if compile_step:
+        target_w = per_layer(target_w, tcfg)  # the layout `eagle3kit train` steps with
         vocab = ttt.VocabArrays.from_map(VocabMap.from_ids(np.arange(draft_vocab),
                                                             tcfg.vocab_size))
         vocab = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), vocab)
