@@ -76,6 +76,8 @@ def main() -> None:
     p.add_argument("--full-rows", action="store_true", help="one document filling each row")
     p.add_argument("--stacked", action="store_true", help="scan the target's stacked layers "
                    "(before the trainer unstacked them)")
+    p.add_argument("--memory", action="store_true", help="print XLA's memory analysis of "
+                   "the compiled step (arguments, outputs, temporaries per device)")
     p.add_argument("--remat", action="store_true", help="recompute each TTT step's forward")
     p.add_argument("--attention-block", type=int, default=None,
                    help="query rows per block of the TTT attention")
@@ -154,9 +156,23 @@ def main() -> None:
             print(f"{batch:>5} {impl:>6}  failed: {str(e).splitlines()[0][:90]}")
             continue
         step = float(np.median(times))
-        # peak since the process started (the sweep's earlier rows included)
-        peak = (dev.memory_stats() or {}).get("peak_bytes_in_use", 0) / 2**30
-        mfu = model_flops.mfu(flops / step, dev.device_kind)
+        # the busiest device's peak since the process started (the sweep's earlier rows
+        # included); MFU per device of the mesh
+        peak = max((d.memory_stats() or {}).get("peak_bytes_in_use", 0)
+                   for d in mesh.devices.flat) / 2**30
+        mfu = model_flops.mfu(flops / step / mesh.size, dev.device_kind)
+        if args.memory:  # XLA's own accounting of the compiled step, per device
+            from eagle3kit.core.sharding import use_mesh
+            with use_mesh(mesh):
+                batch_arrays = put_batch(trainer, arrays)
+                mem = trainer._step.lower(state, target_w, va, batch_arrays).compile() \
+                    .memory_analysis()
+            print(f"      XLA per device: arguments {mem.argument_size_in_bytes / 2**30:.2f} "
+                  f"GiB, outputs {mem.output_size_in_bytes / 2**30:.2f}, temporaries "
+                  f"{mem.temp_size_in_bytes / 2**30:.2f}, aliased "
+                  f"{mem.alias_size_in_bytes / 2**30:.2f}; per device now: " + ", ".join(
+                      f"{(d.memory_stats() or {}).get('bytes_in_use', 0) / 2**30:.1f}"
+                      for d in mesh.devices.flat) + " GiB in use")
         print(f"{batch:>5} {impl:>6} {compile_s:9.1f} {step * 1e3:8.1f} {tokens / step:10,.0f} "
               f"{flops / step / 1e12:8.1f} {'-' if mfu is None else f'{mfu:.1%}':>5} "
               f"{peak:8.1f} {piped * 1e3:8.1f} {tokens / piped:11,.0f}")
