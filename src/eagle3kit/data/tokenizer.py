@@ -49,10 +49,25 @@ def load_tokenizer(spec: str) -> Any:
     except InputError:
         raise
     except Exception as e:  # transformers raises OSError/ValueError/... with long texts
+        if _needs_torch(e):
+            import transformers
+            raise InputError(f"cannot load a tokenizer: transformers {transformers.__version__} "
+                             "reads a GGUF file's tokenizer only with torch installed (the CPU "
+                             "build is enough: pip install torch), or pass the model's tokenizer "
+                             "directory or Hub id instead", path=spec) from None
         raise InputError(f"cannot load a tokenizer ({first_line(e, type(e).__name__)})",
                          path=spec) from None
     finally:
         quiet.setLevel(level)
+
+
+def _needs_torch(e: BaseException | None) -> bool:
+    """Whether `e` or an exception it was raised from is torch's absence."""
+    while e is not None:
+        if isinstance(e, ModuleNotFoundError) and e.name == "torch":
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def tokenizer_name(spec: str) -> str:
