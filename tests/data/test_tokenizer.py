@@ -64,3 +64,21 @@ def test_bad_chat_template_files(tmp_path, name, text, match):
         load_chat_template(str(tmp_path / name))
     with pytest.raises(InputError, match="missing.jinja: no such file"):
         load_chat_template(str(tmp_path / "missing.jinja"))
+
+
+def test_torch_missing_under_a_gguf_reader_is_recognised():
+    """transformers reads GGUF tokenizers only with torch: `load_tokenizer` names that cause
+    (and `make demo` installs torch) when the import failure sits anywhere in the chain."""
+    from eagle3kit.data.tokenizer import _needs_torch
+
+    def fails(name):
+        try:
+            try:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            except ModuleNotFoundError as e:  # as transformers' lazy module re-raises it
+                raise ModuleNotFoundError("Could not import module 'read_gguf_metadata'") from e
+        except ModuleNotFoundError as e:
+            return e
+
+    assert _needs_torch(fails("torch"))
+    assert not _needs_torch(fails("gguf")) and not _needs_torch(ValueError("bad file"))
