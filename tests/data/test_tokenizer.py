@@ -23,6 +23,42 @@ def test_directory_and_gguf_give_the_same_fingerprint(smollm2_gguf):
     assert tokenizer_name("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
 
 
+@pytest.mark.slow
+def test_gguf_tokenizer_is_transformers_own_without_torch(smollm2_gguf):
+    """The GGUF tokenizer read by the `gguf` package and built by transformers' converter
+    equals `AutoTokenizer.from_pretrained(dir, gguf_file=...)` (whose reader needs torch):
+    vocabulary, special and added tokens, chat template, and the ids of 40 real ShareGPT
+    conversations through the template; and loading it imports no torch."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from tests import assets
+
+    ours = load_tokenizer(str(smollm2_gguf))
+    ref = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+    assert ours.get_vocab() == ref.get_vocab() and len(ours) == len(ref) == 49152
+    assert ours.special_tokens_map == ref.special_tokens_map
+    assert {i: str(t) for i, t in ours.added_tokens_decoder.items()} == {
+        i: str(t) for i, t in ref.added_tokens_decoder.items()}
+    assert ours.chat_template == ref.chat_template and ours.chat_template
+    # data tokenized before (through transformers' loader) still matches its target
+    assert tokenizer_fingerprint(ours, "a") == tokenizer_fingerprint(ref, "a")
+    for chat in assets.sharegpt_chats(40):
+        messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+        text = ref.apply_chat_template(messages, tokenize=False)
+        assert ours.apply_chat_template(messages, tokenize=False) == text
+        assert ours(text).input_ids == ref(text).input_ids
+        assert ours.decode(ours(text).input_ids) == ref.decode(ref(text).input_ids)
+    probe = ("import sys; from eagle3kit.data.tokenizer import load_tokenizer; "
+             f"t = load_tokenizer({str(smollm2_gguf)!r}); "
+             "print(len(t), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["49152", "False"], out
+
+
 def test_missing_local_paths_are_named(tmp_path):
     with pytest.raises(InputError, match="nope.gguf: no such file or directory"):
         load_tokenizer(str(tmp_path / "nope.gguf"))
@@ -67,8 +103,8 @@ def test_bad_chat_template_files(tmp_path, name, text, match):
 
 
 def test_torch_missing_under_a_gguf_reader_is_recognised():
-    """transformers reads GGUF tokenizers only with torch: `load_tokenizer` names that cause
-    (and `make demo` installs torch) when the import failure sits anywhere in the chain."""
+    """transformers before 5.18 reads GGUF tokenizers only with torch: `load_tokenizer` names
+    that cause when the import failure sits anywhere in the chain."""
     from eagle3kit.data.tokenizer import _needs_torch
 
     def fails(name):

@@ -22,8 +22,6 @@ def _looks_local(spec: str) -> bool:
 
 def load_tokenizer(spec: str) -> Any:
     """A transformers fast tokenizer for `spec` (directory, `.gguf` file or Hub id)."""
-    from transformers import AutoTokenizer
-
     path = Path(spec).expanduser()
     if not path.exists() and _looks_local(spec):
         raise InputError("no such file or directory", path=spec)
@@ -33,7 +31,7 @@ def load_tokenizer(spec: str) -> Any:
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             if path.is_file() and path.suffix == ".gguf":
-                return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+                return _gguf_tokenizer(path)
             if path.exists() and not path.is_dir():
                 raise InputError("not a tokenizer (expected a directory, .gguf file or Hub id)",
                                  path=spec)
@@ -45,6 +43,7 @@ def load_tokenizer(spec: str) -> Any:
                                 "the tokenizer")
             elif not path.exists():
                 raise InputError("no such directory or .gguf file, and not a Hub id", path=spec)
+            from transformers import AutoTokenizer
             return AutoTokenizer.from_pretrained(str(path))
     except InputError:
         raise
@@ -52,13 +51,56 @@ def load_tokenizer(spec: str) -> Any:
         if _needs_torch(e):
             import transformers
             raise InputError(f"cannot load a tokenizer: transformers {transformers.__version__} "
-                             "reads a GGUF file's tokenizer only with torch installed (the CPU "
-                             "build is enough: pip install torch), or pass the model's tokenizer "
-                             "directory or Hub id instead", path=spec) from None
+                             "reads a GGUF file's tokenizer only with torch installed: upgrade "
+                             "transformers (5.18 or later needs no torch), install torch, or "
+                             "pass the model's tokenizer directory or Hub id", path=spec) from None
         raise InputError(f"cannot load a tokenizer ({first_line(e, type(e).__name__)})",
                          path=spec) from None
     finally:
         quiet.setLevel(level)
+
+
+# tokenizer.ggml.* ids of the special tokens transformers sets from a GGUF file
+_GGUF_SPECIAL = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
+                 "unk_token": "unknown_token_id", "pad_token": "padding_token_id"}
+
+
+def _gguf_tokenizer(path: Path) -> Any:
+    """A GGUF file's tokenizer, as transformers builds it, without torch.
+
+    transformers' own GGUF loading imports torch only to read the file (5.17+: its reader;
+    before: `load_gguf_checkpoint`). Here the `gguf` package reads the metadata and
+    transformers' converter builds the tokenizer from it, as `AutoTokenizer.from_pretrained(
+    dir, gguf_file=...)` does (tests/data/test_tokenizer.py checks they agree). A transformers
+    without that converter module (< 5.18) takes its own path, which needs torch.
+    """
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            GGUF_TOKENIZER_MAPPING,
+            convert_gguf_tokenizer,
+        )
+    except ImportError:
+        from transformers import AutoTokenizer
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    from gguf import GGUFReader
+    from transformers import PreTrainedTokenizerFast
+
+    reader = GGUFReader(path)
+    meta = {k: f.contents() for k, f in reader.fields.items()
+            if k.startswith("tokenizer.") or k == "general.architecture"}
+    grouped = {group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items()
+                       if f"tokenizer.{key}" in meta}
+               for group, renames in GGUF_TOKENIZER_MAPPING.items()}
+    tokenizer, config = grouped["tokenizer"], grouped["tokenizer_config"]
+    if tokenizer.get("tokenizer_type") == "llama":  # sentencepiece: BOS unless told otherwise
+        config.setdefault("add_bos_token", True)
+    elif tokenizer.get("tokenizer_type") == "gemma4":  # its chat template writes <bos>
+        config["add_bos_token"] = False
+    for name, key in _GGUF_SPECIAL.items():
+        token_id = meta.get(f"tokenizer.ggml.{key}")
+        config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
+    backend, extra = convert_gguf_tokenizer(meta["general.architecture"], tokenizer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
 
 
 def _needs_torch(e: BaseException | None) -> bool:
