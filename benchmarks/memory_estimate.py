@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from functools import partial
 from pathlib import Path
 
 import jax
@@ -28,7 +27,7 @@ from eagle3kit.core import ttt
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import make_mesh, shape_dtypes, use_mesh
-from eagle3kit.core.target import LayerList, TargetWeights
+from eagle3kit.core.target import LayerList, TargetWeights, layer_list
 from eagle3kit.core.trainer import Trainer
 from eagle3kit.core.vocab import VocabMap
 
@@ -53,10 +52,10 @@ def per_layer(w: TargetWeights, tcfg: TargetConfig) -> LayerList:
         spec = NamedSharding(a.sharding.mesh, PartitionSpec(*a.sharding.spec[1:]))
         return jax.ShapeDtypeStruct(a.shape[1:], a.dtype, sharding=spec)
 
-    one = partial(jax.tree.map, drop)
-    sparse = tcfg.moe.sparse_layers if tcfg.moe else (False,) * tcfg.num_layers
-    return LayerList(w.embed, [one(w.layers)] * tcfg.num_layers,
-                     [one(w.experts if s else w.mlp) for s in sparse], w.final_norm, w.lm_head)
+    def split(stack) -> list:
+        return [jax.tree.map(drop, stack)] * jax.tree.leaves(stack)[0].shape[0]
+
+    return layer_list(w, tcfg, split)
 
 
 def estimate(config_path: str, batch: int, seq_len: int, steps: int, draft_vocab: int,

@@ -267,12 +267,17 @@ class TargetOutput:
     # None when no layer is captured (`aux_layer_ids=()`, plain generation)
 
 
-def _capture_slots(cfg: TargetConfig, unique_ids: tuple[int, ...]) -> jax.Array:
-    """slot[layer] = position of that layer in `unique_ids`, or len(ids) (a scratch slot)."""
-    slots = [len(unique_ids)] * cfg.num_layers
-    for j, i in enumerate(unique_ids):
+def _check_aux_ids(cfg: TargetConfig, ids: tuple[int, ...]) -> None:
+    for i in ids:
         if not 0 <= i < cfg.num_layers:
             raise ValueError(f"aux layer id {i} outside 0..{cfg.num_layers - 1}")
+
+
+def _capture_slots(cfg: TargetConfig, unique_ids: tuple[int, ...]) -> jax.Array:
+    """slot[layer] = position of that layer in `unique_ids`, or len(ids) (a scratch slot)."""
+    _check_aux_ids(cfg, unique_ids)
+    slots = [len(unique_ids)] * cfg.num_layers
+    for j, i in enumerate(unique_ids):
         slots[i] = j
     return jnp.asarray(slots, jnp.int32)
 
@@ -415,19 +420,29 @@ def _sparse_layers(cfg: TargetConfig) -> tuple[bool, ...]:
     return cfg.moe.sparse_layers if cfg.moe else (False,) * cfg.num_layers
 
 
+def layer_list(w: TargetWeights, cfg: TargetConfig, split) -> LayerList:
+    """A `LayerList` from `split(stack) -> [one tree per index of the stack's leading axis]`,
+    applied to the attention stack and to the dense and the expert MLP stacks, whose slices
+    are put back in layer order (Qwen3-MoE mixes dense and sparse layers)."""
+    mlps = {False: split(w.mlp) if w.mlp is not None else [],
+            True: split(w.experts) if w.experts is not None else []}
+    counts = {True: 0, False: 0}
+    ordered = []
+    for sparse in _sparse_layers(cfg):
+        ordered.append(mlps[sparse][counts[sparse]])
+        counts[sparse] += 1
+    return LayerList(w.embed, split(w.layers), ordered, w.final_norm, w.lm_head)
+
+
 def unstack(w: TargetWeights, cfg: TargetConfig) -> LayerList:
     """Per-layer copies of the stacked weights (jit it; drop the stacked ones after).
 
     Holds both copies at once; `unstack_in_place` needs one stacked array's worth extra."""
-    def take(stack, i):
-        return jax.tree.map(lambda a: a[i], stack)
+    def split(stack) -> list:
+        n = jax.tree.leaves(stack)[0].shape[0]
+        return [jax.tree.map(lambda a, i=i: a[i], stack) for i in range(n)]
 
-    layers, mlps, counts = [], [], {True: 0, False: 0}
-    for i, sparse in enumerate(_sparse_layers(cfg)):
-        layers.append(take(w.layers, i))
-        mlps.append(take(w.experts if sparse else w.mlp, counts[sparse]))
-        counts[sparse] += 1
-    return LayerList(w.embed, layers, mlps, w.final_norm, w.lm_head)
+    return layer_list(w, cfg, split)
 
 
 def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig) -> LayerList:
@@ -436,37 +451,26 @@ def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig) -> LayerLi
     most of it). `w` must not be used afterwards. A `LayerList` is returned as it is."""
     if isinstance(w, LayerList):
         return w
-    split = jax.jit(lambda a: tuple(a[i] for i in range(a.shape[0])))
+    split_one = jax.jit(lambda a: tuple(a[i] for i in range(a.shape[0])))
 
-    def per_layer(stack) -> list:
+    def split(stack) -> list:
         leaves, treedef = jax.tree.flatten(stack)
         parts = []
         for a in leaves:
-            parts.append(split(a))
+            parts.append(split_one(a))
             a.delete()
-        return [treedef.unflatten([p[i] for p in parts]) for i in range(len(parts[0]))] \
-            if parts else []
+        return [treedef.unflatten([p[i] for p in parts]) for i in range(len(parts[0]))]
 
-    layers = per_layer(w.layers)
-    mlps = {False: per_layer(w.mlp) if w.mlp is not None else [],
-            True: per_layer(w.experts) if w.experts is not None else []}
-    counts = {True: 0, False: 0}
-    ordered = []
-    for sparse in _sparse_layers(cfg):
-        ordered.append(mlps[sparse][counts[sparse]])
-        counts[sparse] += 1
-    return LayerList(w.embed, layers, ordered, w.final_norm, w.lm_head)
+    return layer_list(w, cfg, split)
 
 
 def _loop_layers(w: LayerList, cfg: TargetConfig, tokens_BxT, positions_BxT, kv_fn,
                  aux_layer_ids: tuple[int, ...] = (), attn_impl: str = "xla") -> TargetOutput:
     """`_scan_layers` for per-layer weights: a Python loop, capturing the input of each
     layer in `aux_layer_ids` (concatenated in that order, as the scan's slots)."""
+    _check_aux_ids(cfg, aux_layer_ids)
     tables = _tables(cfg)
     x = _embed(w, cfg, tokens_BxT)
-    for i in aux_layer_ids:
-        if not 0 <= i < cfg.num_layers:
-            raise ValueError(f"aux layer id {i} outside 0..{cfg.num_layers - 1}")
     captured = {}
     for i, (lw, mw, sparse) in enumerate(zip(w.layers, w.mlps, _sparse_layers(cfg),
                                              strict=True)):
