@@ -22,6 +22,7 @@ import numpy as np
 
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.formats import export_draft, load_any_draft
 from eagle3kit.io.draft_io import Draft, save_draft
@@ -43,8 +44,8 @@ def make_draft(seed: int = 0) -> Draft:
     rng = np.random.default_rng(seed)
     abstract = DraftWeights.abstract(cfg)
     w = {}
-    for name in DraftWeights.__dataclass_fields__:
-        shape = getattr(abstract, name).shape
+    for name, info in draft_arrays(abstract).items():
+        shape = info.shape
         w[name] = (rng.standard_normal(shape, np.float32) * 0.02 if len(shape) > 1
                    else np.ones(shape, np.float32))
     vocab = VocabMap.from_ids(rng.choice(cfg.vocab_size, cfg.draft_vocab_size, replace=False),

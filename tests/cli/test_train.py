@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from eagle3kit.cli.app import app
 from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.core.sharding import init_weights
 from eagle3kit.io.draft_io import load_draft
 from tests import assets
@@ -93,7 +94,7 @@ def test_train_resume_equals_uninterrupted(a, tmp_path):
     assert [s for s, _ in losses(whole)] == [1, 2, 3, 4]
     assert losses(first) == losses(whole)
     a_w, b_w = load_draft(whole / "final"), load_draft(first / "final")
-    for name in a_w.weights.__dataclass_fields__:
+    for name in draft_arrays(a_w.weights):
         np.testing.assert_array_equal(getattr(a_w.weights, name), getattr(b_w.weights, name))
     final = load_draft(whole / "final")
     assert final.training["steps"] == 4 and final.vocab.target_size == 49152
@@ -131,7 +132,7 @@ def test_same_batch_on_one_device_and_on_a_mesh(a, tmp_path):
     for (s1, l1), (s2, l2) in zip(losses(sharded), losses(single), strict=True):
         assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5)
     w1, w2 = load_draft(sharded / "final").weights, load_draft(single / "final").weights
-    for name in w1.__dataclass_fields__:
+    for name in draft_arrays(w1):
         np.testing.assert_allclose(getattr(w1, name), getattr(w2, name), rtol=1e-4, atol=1e-6)
 
 
@@ -164,7 +165,7 @@ def test_grad_accum_equals_twice_the_rows(a, fp32_run, tmp_path):
         assert r1["loss"] == pytest.approx(r2["loss"], rel=1e-5)
         assert r1["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-4)
     w1, w2 = load_draft(accum / "final").weights, load_draft(fp32_run / "final").weights
-    for name in w1.__dataclass_fields__:
+    for name in draft_arrays(w1):
         np.testing.assert_allclose(getattr(w1, name), getattr(w2, name), rtol=1e-4, atol=1e-6)
 
 
@@ -173,7 +174,7 @@ def _update_cosines(run: Path, baseline: Path) -> dict[str, float]:
     final, other = load_draft(run / "final"), load_draft(baseline / "final")
     start = init_weights(DraftWeights.abstract(final.config), jax.random.key(0))
     out = {}
-    for name in final.weights.__dataclass_fields__:
+    for name in draft_arrays(final.weights):
         d1 = np.ravel(getattr(final.weights, name) - np.asarray(getattr(start, name)))
         d2 = np.ravel(getattr(other.weights, name) - np.asarray(getattr(start, name)))
         out[name] = float(d1 @ d2 / (np.linalg.norm(d1) * np.linalg.norm(d2)))

@@ -11,6 +11,7 @@ import torch
 
 from eagle3kit.core import draft, layers
 from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.core.sharding import init_weights
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.io.draft_io import Draft, load_draft, save_draft
@@ -48,11 +49,13 @@ def test_shapes_for_8b_targets(hf, aux):
     b, t = 2, 16
 
     def fwd(w, aux, tokens_embeds):
-        g = draft.fuse(w, aux)
+        g = draft.fuse(w, cfg, aux)
         pos = jnp.broadcast_to(jnp.arange(t), (b, t))
         mask = layers.causal_mask(jnp.ones((b, t), jnp.int32))
-        return draft.step(draft.cast(w, jnp.bfloat16), cfg, tokens_embeds, g.astype(jnp.bfloat16),
-                          pos, mask)
+        w16 = draft.cast(w, jnp.bfloat16)
+        h, _ = draft.step(w16, cfg, tokens_embeds, g.astype(jnp.bfloat16), pos,
+                          draft.masked(mask))
+        return draft.head(w16, cfg, h), h
 
     logits, h = jax.eval_shape(fwd, w, jax.ShapeDtypeStruct((b, t, 3 * 4096), jnp.bfloat16),
                                jax.ShapeDtypeStruct((b, t, 4096), jnp.bfloat16))
@@ -109,7 +112,7 @@ class TorchEagle3(torch.nn.Module):
 
 def hf_layout(w: draft.DraftWeights, cfg: DraftConfig) -> dict[str, torch.Tensor]:
     """eagle3kit (in, out) layout -> HF [out, in] names, written independently of convert."""
-    a = {k: torch.tensor(np.asarray(getattr(w, k))) for k in w.__dataclass_fields__}
+    a = {k: torch.tensor(np.asarray(getattr(w, k))) for k in draft_arrays(w)}
     return {
         "fc.weight": a["fc"].T,
         "midlayer.hidden_norm.weight": a["hidden_norm"],
@@ -157,13 +160,15 @@ def test_two_steps_match_torch_reference():
     aux = rng.standard_normal((b, t, 3 * cfg.hidden_size)).astype(np.float32)
     pos = np.broadcast_to(np.arange(t) + 5, (b, t))
     mask = layers.causal_mask(jnp.ones((b, t), jnp.int32))
-    logits, h = draft.step(w, cfg, jnp.asarray(embeds), draft.fuse(w, jnp.asarray(aux)),
-                           jnp.asarray(pos), mask)
+    h, _ = draft.step(w, cfg, jnp.asarray(embeds), draft.fuse(w, cfg, jnp.asarray(aux)),
+                      jnp.asarray(pos), draft.masked(mask))
+    logits = draft.head(w, cfg, h)
     with torch.no_grad():
         r_logits, r_h = ref(torch.tensor(embeds), torch.tensor(aux), torch.tensor(pos))
         # the second step feeds the pre-norm h back in place of g
         r_logits2, _ = ref(torch.tensor(embeds), r_h, torch.tensor(pos) + 1)
-    logits2, _ = draft.step(w, cfg, jnp.asarray(embeds), h, jnp.asarray(pos) + 1, mask)
+    h2, _ = draft.step(w, cfg, jnp.asarray(embeds), h, jnp.asarray(pos) + 1, draft.masked(mask))
+    logits2 = draft.head(w, cfg, h2)
     for a, r in [(logits, r_logits), (h, r_h), (logits2, r_logits2)]:
         np.testing.assert_allclose(np.asarray(a), r.numpy(), rtol=2e-4, atol=2e-4)
 
@@ -176,7 +181,7 @@ def test_draft_format_round_trip(tmp_path):
                                      {"tokenizer": "300:abc"}))
     back = load_draft(tmp_path / "d")
     assert back.config == cfg and back.target_name == "tiny"
-    for name in w.__dataclass_fields__:
+    for name in draft_arrays(w):
         np.testing.assert_array_equal(getattr(back.weights, name), np.asarray(getattr(w, name)))
     np.testing.assert_array_equal(back.vocab.d2t, vocab.d2t)
     with pytest.raises(FileExistsError):

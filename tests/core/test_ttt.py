@@ -18,6 +18,7 @@ import torch
 from eagle3kit.core import target, ttt
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.core.layers import attend, causal_mask
 from eagle3kit.core.sharding import init_weights, make_mesh
 from eagle3kit.core.vocab import VocabMap
@@ -110,7 +111,7 @@ def softmax(x):
 
 
 def reference_loss(w, cfg: DraftConfig, sig, batch, used_ids, decay=0.8):
-    w = {k: np.asarray(getattr(w, k), np.float64) for k in w.__dataclass_fields__}
+    w = {k: np.asarray(v, np.float64) for k, v in draft_arrays(w).items()}
     eps, nh, kvh, hd = cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     inv = cfg.rope.inv_freq(hd).astype(np.float64)
     tokens, lmask, seg, pos = (np.asarray(x) for x in (batch.tokens, batch.loss_mask,
@@ -375,7 +376,7 @@ def test_pallas_attention_choice_gives_the_xla_loss_and_gradient(setup):
     assert float(ref_loss) > 0
     np.testing.assert_allclose(float(loss), float(ref_loss), rtol=2e-5)
     np.testing.assert_array_equal(np.asarray(counts.correct), np.asarray(ref_counts.correct))
-    for name in w.__dataclass_fields__:
+    for name in draft_arrays(w):
         a, b = np.asarray(getattr(g, name)), np.asarray(getattr(ref_g, name))
         assert np.abs(b).max() > 0, name
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5 * np.abs(b).max(), err_msg=name)

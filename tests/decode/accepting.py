@@ -100,7 +100,7 @@ def _rollout(tcfg, tw, dcfg, w, vocab, batch):
     """[K, B, T, Vd] draft logits of every TTT step at every column, teacher-forced."""
     sig = ttt.target_signals(tw, tcfg, dcfg, vocab, batch)
     valid = ttt.valid_masks(batch, K)
-    hidden, keys, values, logits = draft.fuse(w, sig.aux_BxTxA), [], [], []
+    hidden, keys, values, logits = draft.fuse(w, dcfg, sig.aux_BxTxA), [], [], []
     for k in range(K):
         hidden, key, value, _, _ = ttt._one_step(
             w, hidden, ttt._shift(sig.embeds_BxTxD, 1 + k), batch.positions + k, keys, values,

@@ -37,7 +37,7 @@ def ttt_logits(tcfg, tw, dcfg, w, vocab, tokens) -> jax.Array:
     batch = ttt.Batch(tokens, ones, ones, jnp.arange(T, dtype=jnp.int32)[None])
     sig = ttt.target_signals(tw, tcfg, dcfg, vocab, batch)
     valid = ttt.valid_masks(batch, K)
-    hidden, keys, values, out = draft.fuse(w, sig.aux_BxTxA), [], [], []
+    hidden, keys, values, out = draft.fuse(w, dcfg, sig.aux_BxTxA), [], [], []
     for k in range(K):
         step = functools.partial(ttt._one_step, cfg=dcfg, k=k)
         hidden, key, value, _, _ = step(

@@ -69,13 +69,13 @@ def make_draft(t: Target, *, aux_layer_ids=None, draft_vocab: int = 40, seed: in
     rng = np.random.default_rng(seed)
     abstract = draft.DraftWeights.abstract(cfg)
     values = {}
-    for f in dataclasses.fields(draft.DraftWeights):
-        shape = getattr(abstract, f.name).shape
+    for name, info in draft.arrays(abstract).items():
+        shape = info.shape
         if len(shape) == 1:  # norms: around one, perturbed so a swapped norm cannot pass
-            values[f.name] = 1 + 0.3 * rng.standard_normal(shape)
+            values[name] = 1 + 0.3 * rng.standard_normal(shape)
         else:
-            fan_in = shape[0] * (shape[1] if f.name == "o" else 1)
-            values[f.name] = rng.standard_normal(shape) / np.sqrt(fan_in)
+            fan_in = shape[0] * (shape[1] if name == "o" else 1)
+            values[name] = rng.standard_normal(shape) / np.sqrt(fan_in)
     w = draft.DraftWeights(**{k: v.astype(np.float32) for k, v in values.items()})
     used = rng.choice(cfg.vocab_size, draft_vocab, replace=False)
     vocab = VocabMap.from_ids(used, cfg.vocab_size)
@@ -100,11 +100,12 @@ def jax_logits(d: Draft, t: Target, tokens: np.ndarray, steps: int = 2) -> list[
     w = jax.tree.map(jnp.asarray, d.weights)
     b, n = tokens.shape
     mask = layers.causal_mask(jnp.ones((b, n), jnp.int32))
-    hidden = draft.fuse(w, aux)
+    hidden = draft.fuse(w, d.config, aux)
     out = []
     for k in range(steps):
         pos = jnp.broadcast_to(jnp.arange(n) + k, (b, n))
-        logits, hidden = draft.step(w, d.config, embeds, hidden, pos, mask)
+        hidden, _ = draft.step(w, d.config, embeds, hidden, pos, draft.masked(mask))
+        logits = draft.head(w, d.config, hidden)
         full = np.full((b, n, d.config.vocab_size), -np.inf, np.float32)
         full[..., d.vocab.used_ids] = np.asarray(logits)
         out.append(full)

@@ -13,6 +13,7 @@ import torch
 
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.data.chat import render
@@ -56,8 +57,8 @@ def draft(real) -> Draft:
     rng = np.random.default_rng(0)
     abstract = DraftWeights.abstract(cfg)
     w = {}
-    for name in DraftWeights.__dataclass_fields__:
-        shape = getattr(abstract, name).shape
+    for name, info in draft_arrays(abstract).items():
+        shape = info.shape
         w[name] = (1 + 0.3 * rng.standard_normal(shape) if len(shape) == 1
                    else rng.standard_normal(shape) / np.sqrt(shape[0])).astype(np.float32)
     counts = rng.integers(0, 1000, cfg.vocab_size) * (rng.random(cfg.vocab_size) < 0.05)

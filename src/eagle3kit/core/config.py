@@ -430,5 +430,6 @@ class DraftConfig:
     def num_params(self) -> int:
         d, f = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return (3 * self.target_hidden_size * d + 2 * d * (q + 2 * kv) + q * d + 3 * d * f
+        a = len(self.aux_layer_ids) * self.target_hidden_size
+        return (a * d + 2 * d * (q + 2 * kv) + q * d + 3 * d * f
                 + 4 * d + self.draft_vocab_size * d)

@@ -8,13 +8,16 @@ One step, for a column t (shapes below per batch row):
     h      = h + mlp(post_attn_norm(h))                 pre-norm output: the next step's input
     logits = lm_head(final_norm(h))                     over the Vd draft tokens
 
-The step is split into `project` (up to q, k, v) and `finish` (after attention) so the trainer
-can attend across TTT steps and the decoder can attend to a KV cache with the same weights.
+`step` is the one draft step every caller runs (the trainer's TTT rollout, the chain and tree
+decoders); only its attention differs (across TTT steps, over a KV cache, over a tree), so the
+caller passes that as a function of the projected q, k, v. A new draft architecture changes
+this module, not its callers.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -72,7 +75,13 @@ class DraftWeights:
         )
 
 
-def fuse(w: DraftWeights, aux_BxTxA: jax.Array) -> jax.Array:
+def arrays(w: DraftWeights) -> dict[str, Any]:
+    """The weights `w` has, by field name (a draft architecture may leave a field None)."""
+    return {f.name: getattr(w, f.name) for f in dataclasses.fields(w)
+            if getattr(w, f.name) is not None}
+
+
+def fuse(w: DraftWeights, cfg: DraftConfig, aux_BxTxA: jax.Array) -> jax.Array:
     """g = fc(concat of the captured target states) -> [B, T, D]."""
     with jax.named_scope("fc"):
         return jnp.einsum("bta,ad->btd", aux_BxTxA.astype(w.fc.dtype), w.fc)
@@ -103,29 +112,39 @@ def project(w: DraftWeights, cfg: DraftConfig, embeds_BxTxD: jax.Array, hidden_B
 
 def finish(w: DraftWeights, cfg: DraftConfig, attn_BxTxNxH: jax.Array,
            residual_BxTxD: jax.Array) -> jax.Array:
-    """o_proj + residual, then the MLP block -> pre-norm hidden h [B, T, D]."""
+    """o_proj + residual, then the MLP block -> the carried (pre-norm) hidden h [B, T, D]."""
     with jax.named_scope("draft_mlp"):
         h = residual_BxTxD + jnp.einsum("btnh,nhd->btd", attn_BxTxNxH, w.o)
-        return h + swiglu(rms_norm(h, w.post_attn_norm, cfg.rms_norm_eps), w.gate, w.up, w.down)
+        h = h + swiglu(rms_norm(h, w.post_attn_norm, cfg.rms_norm_eps), w.gate, w.up, w.down)
+        return h
 
 
 def head(w: DraftWeights, cfg: DraftConfig, h_BxTxD: jax.Array) -> jax.Array:
-    """Draft logits over the draft vocabulary [B, T, Vd] from the pre-norm hidden."""
+    """Draft logits over the draft vocabulary [B, T, Vd] from the carried hidden of `finish`."""
     with jax.named_scope("draft_head"):
         return jnp.einsum("btd,dv->btv", rms_norm(h_BxTxD, w.final_norm, cfg.rms_norm_eps),
                           w.lm_head)
 
 
-def step(w: DraftWeights, cfg: DraftConfig, embeds_BxTxD: jax.Array, hidden_BxTxD: jax.Array,
-         positions_BxT: jax.Array, mask_BxTxT: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """One draft step with plain (causal) self-attention -> (logits [B,T,Vd], h [B,T,D]).
+# attention(projected) -> (attention output [B, T, N, H], anything the caller keeps, e.g. a cache)
+Attention = Callable[[Projected], tuple[jax.Array, Any]]
 
-    `hidden` is either the fused g (first step) or the previous step's h.
+
+def step(w: DraftWeights, cfg: DraftConfig, embeds_BxTxD: jax.Array, hidden_BxTxD: jax.Array,
+         positions_BxT: jax.Array, attention: Attention) -> tuple[jax.Array, Any]:
+    """One draft step -> (carried hidden h [B, T, D], what `attention` returned beside its output).
+
+    `hidden` is the fused g (first step) or the previous step's h; `head(h)` gives the logits.
+    The step's keys and values reach the caller through `attention` (it sees `Projected`).
     """
     p = project(w, cfg, embeds_BxTxD, hidden_BxTxD, positions_BxT)
-    a = attend(p.q_BxTxNxH, p.k_BxTxKxH, p.v_BxTxKxH, mask_BxTxT)
-    h = finish(w, cfg, a, p.residual_BxTxD)
-    return head(w, cfg, h), h
+    a, kept = attention(p)
+    return finish(w, cfg, a, p.residual_BxTxD), kept
+
+
+def masked(mask_BxTxS: jax.Array) -> Attention:
+    """Plain self-attention of the step's own columns under `mask` (no cache)."""
+    return lambda p: (attend(p.q_BxTxNxH, p.k_BxTxKxH, p.v_BxTxKxH, mask_BxTxS), None)
 
 
 def cast(w: DraftWeights, dtype: Any) -> DraftWeights:

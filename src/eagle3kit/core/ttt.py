@@ -257,24 +257,27 @@ def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, targe
     `layers.attend` (cuDNN flash attention when `attention="cudnn"`); `attention="pallas"`
     runs every step through the fused kernel.
     """
-    with jax.named_scope(f"ttt_step{k}"):
-        p = draft.project(w, cfg, emb, hidden, positions)
-        keys, values = [*keys, p.k_BxTxKxH], [*values, p.v_BxTxKxH]
+    def across_steps(p: draft.Projected):
+        """This step's keys join the earlier steps' (the "cache hidden" attention)."""
         with jax.named_scope("ttt_attention"):
             if k == 0 and attention == "cudnn":
                 a = attend(p.q_BxTxNxH, p.k_BxTxKxH, p.v_BxTxKxH, causal_mask(segment_ids),
                            attention)
             else:
-                a = _ttt_attend(p.q_BxTxNxH, keys, values, segment_ids, block,
-                                "pallas" if attention == "pallas" else "xla", flash_blocks)
-        h = draft.finish(w, cfg, a, p.residual_BxTxD)
+                a = _ttt_attend(p.q_BxTxNxH, [*keys, p.k_BxTxKxH], [*values, p.v_BxTxKxH],
+                                segment_ids, block, "pallas" if attention == "pallas" else "xla",
+                                flash_blocks)
+        return a, (p.k_BxTxKxH, p.v_BxTxKxH)
+
+    with jax.named_scope(f"ttt_step{k}"):
+        h, (key, value) = draft.step(w, cfg, emb, hidden, positions, across_steps)
         logits = draft.head(w, cfg, h)  # B,T,Vd in the compute dtype
         with jax.named_scope("loss"):
             train = valid & _shift(in_draft, 1 + k)
             ce = soft_cross_entropy(logits, _shift(probs, 1 + k)) * train
             predicted = vocab.draft_to_target[jnp.argmax(logits, axis=-1)]
             correct = valid & (predicted == _shift(target_argmax, 1 + k))
-    return h, p.k_BxTxKxH, p.v_BxTxKxH, ce, correct
+    return h, key, value, ce, correct
 
 
 def rollout(w: draft.DraftWeights, cfg: DraftConfig, sig: TargetSignals, batch: Batch,
@@ -284,7 +287,7 @@ def rollout(w: draft.DraftWeights, cfg: DraftConfig, sig: TargetSignals, batch: 
     gradients reach the fp32 master weights in fp32."""
     w = draft.cast(w, ttt.compute_dtype)
     valid = valid_masks(batch, ttt.steps)
-    hidden = draft.fuse(w, sig.aux_BxTxA.astype(ttt.compute_dtype))
+    hidden = draft.fuse(w, cfg, sig.aux_BxTxA.astype(ttt.compute_dtype))
     embeds = sig.embeds_BxTxD.astype(ttt.compute_dtype)
     keys, values, ces, corrects = [], [], [], []
     loss = jnp.zeros((), jnp.float32)

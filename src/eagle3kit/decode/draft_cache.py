@@ -49,20 +49,26 @@ class DraftKV:
 def forward_cached(w: draft.DraftWeights, cfg: DraftConfig, embeds_BxTxD: jax.Array,
                    hidden_BxTxD: jax.Array, start: jax.Array, cache: DraftKV
                    ) -> tuple[jax.Array, DraftKV]:
-    """T draft columns at positions start..start+T-1 -> (pre-norm h [B,T,D], updated cache).
+    """T draft columns at positions start..start+T-1 -> (carried h [B,T,D], updated cache).
 
     `hidden` is fc(aux) for step-0 columns or the previous step's h for a chain step. The new
     keys are written first, so column j of this call sees columns 0..j of it.
     """
     b, t, _ = embeds_BxTxD.shape
     positions = jnp.broadcast_to(start + jnp.arange(t), (b, t))
-    p = draft.project(w, cfg, embeds_BxTxD, hidden_BxTxD, positions)
-    k = jax.lax.dynamic_update_slice(cache.k, p.k_BxTxKxH.astype(cache.k.dtype), (0, start, 0, 0))
-    v = jax.lax.dynamic_update_slice(cache.v, p.v_BxTxKxH.astype(cache.v.dtype), (0, start, 0, 0))
-    slots = cache.k.shape[1]
-    mask = jnp.broadcast_to(jnp.arange(slots)[None, :] <= positions[0][:, None], (b, t, slots))
-    a = attend(p.q_BxTxNxH, k.astype(p.q_BxTxNxH.dtype), v.astype(p.q_BxTxNxH.dtype), mask)
-    return draft.finish(w, cfg, a, p.residual_BxTxD), DraftKV(k, v)
+
+    def over_cache(p: draft.Projected):
+        k = jax.lax.dynamic_update_slice(cache.k, p.k_BxTxKxH.astype(cache.k.dtype),
+                                         (0, start, 0, 0))
+        v = jax.lax.dynamic_update_slice(cache.v, p.v_BxTxKxH.astype(cache.v.dtype),
+                                         (0, start, 0, 0))
+        slots = cache.k.shape[1]
+        mask = jnp.broadcast_to(jnp.arange(slots)[None, :] <= positions[0][:, None],
+                                (b, t, slots))
+        dt = p.q_BxTxNxH.dtype
+        return attend(p.q_BxTxNxH, k.astype(dt), v.astype(dt), mask), DraftKV(k, v)
+
+    return draft.step(w, cfg, embeds_BxTxD, hidden_BxTxD, positions, over_cache)
 
 
 def extend(w: draft.DraftWeights, cfg: DraftConfig, target_w: target.TargetWeights,
@@ -75,7 +81,7 @@ def extend(w: draft.DraftWeights, cfg: DraftConfig, target_w: target.TargetWeigh
     hidden input of the next drafting chain, and head(h) its first draft token.
     """
     embeds = target.embed_tokens(target_w, next_tokens_BxT)
-    return forward_cached(w, cfg, embeds, draft.fuse(w, aux_BxTxA), start, cache)
+    return forward_cached(w, cfg, embeds, draft.fuse(w, cfg, aux_BxTxA), start, cache)
 
 
 def chain_step(w: draft.DraftWeights, cfg: DraftConfig, target_w: target.TargetWeights,

@@ -228,16 +228,20 @@ def _draft_entries(w: draft.DraftWeights, cfg: DraftConfig, embeds_1xkxD, hidden
     """k draft entries at one position -> (h [1,k,D], buffers): each attends to the step-0
     slots < n of `cache` and to the buffer entries `own` marks (its ancestors and itself)."""
     k = embeds_1xkxD.shape[1]
-    p = draft.project(w, cfg, embeds_1xkxD, hidden_1xkxD, jnp.full((1, k), position))
-    buf_k = buf_k.at[:, first: first + k].set(p.k_BxTxKxH.astype(buf_k.dtype))
-    buf_v = buf_v.at[:, first: first + k].set(p.v_BxTxKxH.astype(buf_v.dtype))
-    prefix = jnp.broadcast_to(jnp.arange(cache.k.shape[1]) < n, (k, cache.k.shape[1]))
-    mask = jnp.concatenate([prefix, own_kxE], axis=-1)[None]
-    dt = p.q_BxTxNxH.dtype
-    keys = jnp.concatenate([cache.k, buf_k], axis=1).astype(dt)
-    values = jnp.concatenate([cache.v, buf_v], axis=1).astype(dt)
-    a = attend(p.q_BxTxNxH, keys, values, mask)
-    return draft.finish(w, cfg, a, p.residual_BxTxD), buf_k, buf_v
+
+    def over_prefix_and_ancestors(p: draft.Projected):
+        bk = buf_k.at[:, first: first + k].set(p.k_BxTxKxH.astype(buf_k.dtype))
+        bv = buf_v.at[:, first: first + k].set(p.v_BxTxKxH.astype(buf_v.dtype))
+        prefix = jnp.broadcast_to(jnp.arange(cache.k.shape[1]) < n, (k, cache.k.shape[1]))
+        mask = jnp.concatenate([prefix, own_kxE], axis=-1)[None]
+        dt = p.q_BxTxNxH.dtype
+        keys = jnp.concatenate([cache.k, bk], axis=1).astype(dt)
+        values = jnp.concatenate([cache.v, bv], axis=1).astype(dt)
+        return attend(p.q_BxTxNxH, keys, values, mask), (bk, bv)
+
+    h, (buf_k, buf_v) = draft.step(w, cfg, embeds_1xkxD, hidden_1xkxD, jnp.full((1, k), position),
+                                   over_prefix_and_ancestors)
+    return h, buf_k, buf_v
 
 
 def draft_tree(w: draft.DraftWeights, cfg: DraftConfig, target_w: target.TargetWeights,

@@ -23,7 +23,7 @@ import numpy as np
 
 from eagle3kit import __version__
 from eagle3kit.core.config import DraftConfig, RopeConfig, TargetConfig
-from eagle3kit.core.draft import DraftWeights
+from eagle3kit.core.draft import DraftWeights, arrays
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.errors import InputError, MismatchError
 from eagle3kit.io.draft_io import Draft
@@ -330,14 +330,13 @@ def check_exportable(draft: Draft, min_layer_id: int) -> TargetConfig:
         # the engines embed tokens with the target's embedding, width hidden_size
         raise MismatchError(f"draft hidden size {cfg.hidden_size} differs from the target's "
                             f"{target.hidden_size}; the target's embeddings would not fit")
-    abstract = DraftWeights.abstract(cfg)
-    for f in dataclasses.fields(DraftWeights):
-        w = np.asarray(getattr(draft.weights, f.name))
-        if w.shape != getattr(abstract, f.name).shape:
-            raise MismatchError(f"weight {f.name} has shape {w.shape}, the config says "
-                                f"{getattr(abstract, f.name).shape}")
+    for name, info in arrays(DraftWeights.abstract(cfg)).items():
+        w = getattr(draft.weights, name)
+        if w is None or np.shape(w) != info.shape:
+            raise MismatchError(f"weight {name} has shape {np.shape(w) if w is not None else None}, "
+                                f"the config says {info.shape}")
         if not np.isfinite(w).all():
-            raise MismatchError(f"weight {f.name} has non-finite values; refusing to export a "
+            raise MismatchError(f"weight {name} has non-finite values; refusing to export a "
                                 "draft that would produce NaN logits")
     if cfg.rope != target.rope:
         log.warning("the draft's rope (%s) differs from the target's (%s); writing the draft's "

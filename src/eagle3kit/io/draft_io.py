@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from eagle3kit.core import draft as draft_module
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.sharding import to_host
@@ -50,8 +51,7 @@ class Draft:
 
 
 def weights_to_numpy(w: DraftWeights) -> dict[str, np.ndarray]:
-    return {f.name: to_host(getattr(w, f.name))
-            for f in dataclasses.fields(DraftWeights)}
+    return {name: to_host(value) for name, value in draft_module.arrays(w).items()}
 
 
 def write_vocab(path: str | os.PathLike, vocab: VocabMap, metadata: dict[str, str]) -> None:
@@ -110,17 +110,15 @@ def load_draft(directory: str | os.PathLike) -> Draft:
         raise InputError(f"unknown format {meta.get('format')!r}", path=config_path)
     cfg = DraftConfig.from_dict(meta["draft"])
     f = st.SafetensorsFile(directory / WEIGHTS)
-    abstract = DraftWeights.abstract(cfg)
     values = {}
-    for field in dataclasses.fields(DraftWeights):
-        expected = getattr(abstract, field.name).shape
-        if field.name not in f.names:
-            raise InputError(f"missing tensor {field.name!r}", path=directory / WEIGHTS)
-        value = np.array(f.get(field.name))
-        if value.shape != expected:
-            raise InputError(f"tensor {field.name!r} has shape {value.shape}, the config says "
-                             f"{expected}", path=directory / WEIGHTS)
-        values[field.name] = value
+    for name, info in draft_module.arrays(DraftWeights.abstract(cfg)).items():
+        if name not in f.names:
+            raise InputError(f"missing tensor {name!r}", path=directory / WEIGHTS)
+        value = np.array(f.get(name))
+        if value.shape != info.shape:
+            raise InputError(f"tensor {name!r} has shape {value.shape}, the config says "
+                             f"{info.shape}", path=directory / WEIGHTS)
+        values[name] = value
     vocab, _ = read_vocab(directory / VOCAB)
     if (vocab.draft_size, vocab.target_size) != (cfg.draft_vocab_size, cfg.vocab_size):
         raise InputError(f"vocab map is {vocab.draft_size}/{vocab.target_size} but the config "
