@@ -39,8 +39,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The tests' references (torch CPU build, accelerate, pyarrow) and ruff: only for make test.
+# The peers' own draft model code (SpecForge, speculators) loads our exports in the tests;
+# --no-deps because only their model modules are imported.
+PEERS := specforge==0.2.0 speculators==0.9.0 loguru pydantic-settings openai sniffio hs-connectors
 $(TEST_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps $(PEERS)
 	touch $(TEST_STAMP)
 
 # Two workers, a test module each (its fixtures built once): the compilations of one

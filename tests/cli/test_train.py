@@ -261,6 +261,20 @@ def test_refuses_existing_run_and_changed_config(a, tmp_path):
     assert r.exit_code == 3 and "--seed" in r.output
 
 
+def test_eagle31_draft_trains_and_its_architecture_is_kept(a, tmp_path):
+    out = tmp_path / "run"
+    r = invoke(base_args(a, out, "--max-steps", "2", "--arch", "eagle3.1"))
+    assert r.exit_code == 0, r.output
+    final = load_draft(out / "final")
+    assert final.config.arch == "eagle3.1" and final.training["arch"] == "eagle3.1"
+    assert final.weights.fc_norm.shape == (3, final.config.target_hidden_size)
+    assert all(np.isfinite(x).all() for _, x in losses(out))
+    # the norms trained: the fc norms moved away from their initial ones
+    assert not np.allclose(final.weights.fc_norm, 1.0)
+    r = invoke(base_args(a, out, "--max-steps", "3", "--resume"))  # --arch left at eagle3
+    assert r.exit_code == 3 and "--arch" in r.output
+
+
 def test_mismatched_vocab_is_refused_before_compute(a, tmp_path):
     other = tmp_path / "other_vocab.safetensors"
     from eagle3kit.core.vocab import VocabMap
@@ -362,6 +376,7 @@ def test_smollm2_draft_learns_on_real_sharegpt(tmp_path):
     ("--epochs", "0", "--epochs 0: must be at least 1"),
     ("--dtype", "float16", "'float16': choose bfloat16, float32"),
     ("--attention", "flash", "'flash': choose auto, xla, cudnn, pallas"),
+    ("--arch", "eagle4", "--arch 'eagle4': choose eagle3, eagle3.1, eagle3.1-fc"),
 ])
 def test_options_are_refused_before_anything_loads(a, tmp_path, option, value, message):
     args = base_args(a, tmp_path / "run")

@@ -79,6 +79,9 @@ class TorchEagle3(torch.nn.Module):
     def forward(self, embeds, hidden, positions):
         sd, c = self.sd, self.cfg
         if hidden.shape[-1] != c.hidden_size:
+            if c.fc_norm:  # EAGLE-3.1: each captured state normed on its own
+                hidden = torch.cat([self.rms(x, sd[f"fc_norm.{i}.weight"]) for i, x in
+                                    enumerate(hidden.chunk(len(c.aux_layer_ids), -1))], -1)
             hidden = hidden @ sd["fc.weight"].T
         residual = hidden
         x = torch.cat([self.rms(embeds, sd["midlayer.input_layernorm.weight"]),
@@ -106,8 +109,9 @@ class TorchEagle3(torch.nn.Module):
         mlp = (torch.nn.functional.silu(m @ sd["midlayer.mlp.gate_proj.weight"].T)
                * (m @ sd["midlayer.mlp.up_proj.weight"].T)) @ sd["midlayer.mlp.down_proj.weight"].T
         h = h + mlp
-        logits = self.rms(h, sd["norm.weight"]) @ sd["lm_head.weight"].T
-        return logits, h
+        normed = self.rms(h, sd["norm.weight"])
+        # norm_output (speculators, vLLM): the post-norm state is what the next step reads
+        return normed @ sd["lm_head.weight"].T, normed if c.norm_output else h
 
 
 def hf_layout(w: draft.DraftWeights, cfg: DraftConfig) -> dict[str, torch.Tensor]:
@@ -127,6 +131,7 @@ def hf_layout(w: draft.DraftWeights, cfg: DraftConfig) -> dict[str, torch.Tensor
         "midlayer.mlp.down_proj.weight": a["down"].T,
         "norm.weight": a["final_norm"],
         "lm_head.weight": a["lm_head"].T,
+        **{f"fc_norm.{i}.weight": x for i, x in enumerate(a.get("fc_norm", []))},
     }
 
 
@@ -147,11 +152,14 @@ def random_weights(cfg, seed=0):
     for name in ("hidden_norm", "input_norm", "post_attn_norm", "final_norm"):
         setattr(w, name, jnp.asarray(1 + 0.3 * rng.standard_normal(cfg.hidden_size),
                                      jnp.float32))
+    if w.fc_norm is not None:
+        w.fc_norm = jnp.asarray(1 + 0.3 * rng.standard_normal(w.fc_norm.shape), jnp.float32)
     return w
 
 
-def test_two_steps_match_torch_reference():
-    cfg = tiny_draft_config()
+@pytest.mark.parametrize("arch", ["eagle3", "eagle3.1", "eagle3.1-fc"])
+def test_two_steps_match_torch_reference(arch):
+    cfg = tiny_draft_config().with_arch(arch)
     w = random_weights(cfg)
     ref = TorchEagle3(hf_layout(w, cfg), cfg)
     rng = np.random.default_rng(1)

@@ -9,6 +9,7 @@ rejected columns, so stale entries are proven unread and overwritten.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -23,9 +24,16 @@ K = 4
 T = 24
 
 
-@pytest.fixture(scope="module")
-def setup(tiny):
+@pytest.fixture(scope="module", params=["eagle3", "eagle3.1"])
+def setup(tiny, request):
+    """The tiny draft, and the same draft as EAGLE-3.1 (perturbed fc norms, post-norm state
+    carried): the decoder and the trainer run one draft step, whatever the architecture."""
     tcfg, tw, dcfg, w, vocab, _ = tiny
+    if request.param != "eagle3":
+        dcfg = dcfg.with_arch(request.param)
+        norms = 1 + 0.3 * jax.random.normal(jax.random.key(3), draft.DraftWeights.abstract(
+            dcfg).fc_norm.shape)
+        w = dataclasses.replace(w, fc_norm=norms)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 96, (1, T)), jnp.int32)
     return tcfg, tw, dcfg, w, vocab, tokens
 

@@ -63,15 +63,16 @@ def tiny_target(directory: Path, family: str = "llama", layers: int = 8) -> Targ
 
 def make_draft(t: Target, *, aux_layer_ids=None, draft_vocab: int = 40, seed: int = 0,
                norm_before_residual: bool = False, name: str = "org/tiny-llama",
-               training: dict | None = None) -> Draft:
-    cfg = DraftConfig.for_target(t.ckpt.config, draft_vocab, aux_layer_ids)
+               training: dict | None = None, arch: str = "eagle3") -> Draft:
+    cfg = DraftConfig.for_target(t.ckpt.config, draft_vocab, aux_layer_ids).with_arch(arch)
     cfg = dataclasses.replace(cfg, norm_before_residual=norm_before_residual)
     rng = np.random.default_rng(seed)
     abstract = draft.DraftWeights.abstract(cfg)
     values = {}
     for name, info in draft.arrays(abstract).items():
         shape = info.shape
-        if len(shape) == 1:  # norms: around one, perturbed so a swapped norm cannot pass
+        if len(shape) == 1 or name == "fc_norm":  # norms: around one, perturbed so a
+            # swapped norm cannot pass
             values[name] = 1 + 0.3 * rng.standard_normal(shape)
         else:
             fan_in = shape[0] * (shape[1] if name == "o" else 1)

@@ -367,6 +367,11 @@ _FAMILY_FIELDS = {"llama": _dense_fields, "qwen2": _dense_fields, "qwen3": _dens
                   "gemma3": _gemma3_fields}
 
 
+# Draft architectures (`train --arch`) by name -> the EAGLE-3.1 changes each has. eagle3.1-fc
+# is the part of 3.1 that SGLang's (SpecForge's) midlayer format can express.
+ARCHES = {"eagle3": (), "eagle3.1": ("fc_norm", "norm_output"), "eagle3.1-fc": ("fc_norm",)}
+
+
 @dataclasses.dataclass(frozen=True)
 class DraftConfig:
     """The EAGLE3 draft head: one Llama decoder layer whose attention reads 2H."""
@@ -385,6 +390,25 @@ class DraftConfig:
     max_position_embeddings: int = 8192
     # False (EAGLE3, SGLang, SpecForge): the residual is the un-normed fused state g.
     norm_before_residual: bool = False
+    # EAGLE-3.1: an RMSNorm per captured state before fc, and the post-norm hidden carried to
+    # the next step (core/draft.py); both False is EAGLE3.
+    fc_norm: bool = False
+    norm_output: bool = False
+
+    @property
+    def arch(self) -> str:
+        """The name in `ARCHES` of this draft's architecture."""
+        flags = {f: getattr(self, f) for f in ("fc_norm", "norm_output")}
+        return next(name for name, on in ARCHES.items()
+                    if flags == {f: f in on for f in flags})
+
+    def with_arch(self, name: str) -> DraftConfig:
+        """The same draft with the architecture `name` (a key of `ARCHES`)."""
+        if name not in ARCHES:
+            raise InputError(f"unknown draft architecture {name!r}; choose "
+                             f"{', '.join(ARCHES)}")
+        return dataclasses.replace(self, fc_norm="fc_norm" in ARCHES[name],
+                                   norm_output="norm_output" in ARCHES[name])
 
     @classmethod
     def for_target(cls, target: TargetConfig, draft_vocab_size: int = 32000,
@@ -432,4 +456,4 @@ class DraftConfig:
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         a = len(self.aux_layer_ids) * self.target_hidden_size
         return (a * d + 2 * d * (q + 2 * kv) + q * d + 3 * d * f
-                + 4 * d + self.draft_vocab_size * d)
+                + 4 * d + self.draft_vocab_size * d + (a if self.fc_norm else 0))

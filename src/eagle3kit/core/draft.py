@@ -8,6 +8,12 @@ One step, for a column t (shapes below per batch row):
     h      = h + mlp(post_attn_norm(h))                 pre-norm output: the next step's input
     logits = lm_head(final_norm(h))                     over the Vd draft tokens
 
+EAGLE-3.1 (`DraftConfig.fc_norm`, `norm_output`, as speculators and vLLM read them):
+
+    g      = fc(concat(fc_norm_i(aux state i)))         an RMSNorm per captured state
+    h      = final_norm(h)                              the *post-norm* state is carried to the
+    logits = lm_head(h)                                 next step, and the head reads it as is
+
 `step` is the one draft step every caller runs (the trainer's TTT rollout, the chain and tree
 decoders); only its attention differs (across TTT steps, over a KV cache, over a tree), so the
 caller passes that as a function of the projected q, k, v. A new draft architecture changes
@@ -46,13 +52,15 @@ class DraftWeights:
     down: Any  # F,D
     final_norm: Any  # D
     lm_head: Any  # D,Vd
+    fc_norm: Any = None  # C,Ht: EAGLE-3.1's norm of each of the C captured states (else None)
 
     @staticmethod
     def abstract(cfg: DraftConfig, dtype: Any = jnp.float32) -> DraftWeights:
         """`ArrayInfo` of every weight; the draft is replicated (logical axis `draft`)."""
         D, F, N, K, H = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
                          cfg.num_kv_heads, cfg.head_dim)
-        A = len(cfg.aux_layer_ids) * cfg.target_hidden_size
+        C = len(cfg.aux_layer_ids)
+        A = C * cfg.target_hidden_size
 
         def info(shape, init):
             return ArrayInfo(tuple(shape), dtype, ("draft",) * len(shape), init)
@@ -72,19 +80,25 @@ class DraftWeights:
             down=info((F, D), lin),
             final_norm=info((D,), ones_init),
             lm_head=info((D, cfg.draft_vocab_size), lin),
+            fc_norm=info((C, cfg.target_hidden_size), ones_init) if cfg.fc_norm else None,
         )
 
 
 def arrays(w: DraftWeights) -> dict[str, Any]:
-    """The weights `w` has, by field name (a draft architecture may leave a field None)."""
+    """The weights `w` has, by field name (an EAGLE3 draft has no `fc_norm`)."""
     return {f.name: getattr(w, f.name) for f in dataclasses.fields(w)
             if getattr(w, f.name) is not None}
 
 
 def fuse(w: DraftWeights, cfg: DraftConfig, aux_BxTxA: jax.Array) -> jax.Array:
-    """g = fc(concat of the captured target states) -> [B, T, D]."""
+    """g = fc(concat of the captured target states, each normed first with fc_norm) -> [B,T,D]."""
     with jax.named_scope("fc"):
-        return jnp.einsum("bta,ad->btd", aux_BxTxA.astype(w.fc.dtype), w.fc)
+        aux = aux_BxTxA.astype(w.fc.dtype)
+        if w.fc_norm is not None:
+            b, t, _ = aux.shape
+            aux = rms_norm(aux.reshape(b, t, *w.fc_norm.shape), w.fc_norm,
+                           cfg.rms_norm_eps).reshape(b, t, -1)
+        return jnp.einsum("bta,ad->btd", aux, w.fc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,18 +126,20 @@ def project(w: DraftWeights, cfg: DraftConfig, embeds_BxTxD: jax.Array, hidden_B
 
 def finish(w: DraftWeights, cfg: DraftConfig, attn_BxTxNxH: jax.Array,
            residual_BxTxD: jax.Array) -> jax.Array:
-    """o_proj + residual, then the MLP block -> the carried (pre-norm) hidden h [B, T, D]."""
+    """o_proj + residual, then the MLP block -> the carried hidden h [B, T, D]: pre-norm, or
+    post-norm with `norm_output`."""
     with jax.named_scope("draft_mlp"):
         h = residual_BxTxD + jnp.einsum("btnh,nhd->btd", attn_BxTxNxH, w.o)
         h = h + swiglu(rms_norm(h, w.post_attn_norm, cfg.rms_norm_eps), w.gate, w.up, w.down)
-        return h
+        return rms_norm(h, w.final_norm, cfg.rms_norm_eps) if cfg.norm_output else h
 
 
 def head(w: DraftWeights, cfg: DraftConfig, h_BxTxD: jax.Array) -> jax.Array:
-    """Draft logits over the draft vocabulary [B, T, Vd] from the carried hidden of `finish`."""
+    """Draft logits over the draft vocabulary [B, T, Vd] from the carried hidden of `finish`
+    (normed here unless `norm_output` already normed it)."""
     with jax.named_scope("draft_head"):
-        return jnp.einsum("btd,dv->btv", rms_norm(h_BxTxD, w.final_norm, cfg.rms_norm_eps),
-                          w.lm_head)
+        x = h_BxTxD if cfg.norm_output else rms_norm(h_BxTxD, w.final_norm, cfg.rms_norm_eps)
+        return jnp.einsum("btd,dv->btv", x, w.lm_head)
 
 
 # attention(projected) -> (attention output [B, T, N, H], anything the caller keeps, e.g. a cache)

@@ -45,6 +45,7 @@ class Key:
     name: str  # tensor name in the engine's safetensors
     field: str  # DraftWeights field
     n_in: int  # leading eagle3kit axes that are the linear's input; 0 for a vector
+    index: int | None = None  # one row of a stacked field (EAGLE-3.1's fc_norm.{i})
 
 
 def key_table(layer: str) -> tuple[Key, ...]:
@@ -68,6 +69,15 @@ def key_table(layer: str) -> tuple[Key, ...]:
     )
 
 
+def with_fc_norms(table: tuple[Key, ...], cfg: DraftConfig) -> tuple[Key, ...]:
+    """`table` plus EAGLE-3.1's per-state norms `fc_norm.{i}.weight` (SpecForge's and
+    speculators' name alike) when the draft has them."""
+    if not cfg.fc_norm:
+        return table
+    return table + tuple(Key(f"fc_norm.{i}.weight", "fc_norm", 0, i)
+                         for i in range(len(cfg.aux_layer_ids)))
+
+
 def hf_shape(shape: tuple[int, ...], key: Key) -> tuple[int, ...]:
     """eagle3kit shape (in..., out...) -> HF shape [out, in]."""
     if key.n_in == 0:
@@ -82,6 +92,8 @@ def to_tensors(draft: Draft, table: tuple[Key, ...], dtype: str) -> dict[str, np
     for key in table:
         # cast before transposing: the strided copy then moves half the bytes (bf16)
         w = np.asarray(getattr(draft.weights, key.field), np.float32).astype(np_dtype)
+        if key.index is not None:
+            w = w[key.index]
         if key.n_in:
             w = w.reshape(math.prod(w.shape[: key.n_in]), -1).T
         out[key.name] = np.ascontiguousarray(w)
@@ -94,9 +106,11 @@ def from_tensors(tensors: dict[str, np.ndarray], table: tuple[Key, ...], cfg: Dr
                  where: object) -> tuple[DraftWeights, VocabMap]:
     """Engine tensors -> fp32 DraftWeights and the vocab map, checking every shape and name."""
     abstract = DraftWeights.abstract(cfg)
-    values = {}
+    values, rows = {}, {}
     for key in table:
         shape = getattr(abstract, key.field).shape
+        if key.index is not None:
+            shape = shape[1:]
         if key.name not in tensors:
             raise InputError(f"missing tensor {key.name!r}", path=where)
         w = tensors[key.name]
@@ -104,7 +118,11 @@ def from_tensors(tensors: dict[str, np.ndarray], table: tuple[Key, ...], cfg: Dr
             raise InputError(f"tensor {key.name!r} has shape {tuple(w.shape)}, the config says "
                              f"{hf_shape(shape, key)}", path=where)
         w = np.asarray(w, np.float32)
+        if key.index is not None:
+            rows.setdefault(key.field, []).append(w)
+            continue
         values[key.field] = np.ascontiguousarray(w.T).reshape(shape) if key.n_in else w.copy()
+    values.update({field: np.stack(ws) for field, ws in rows.items()})
     if "d2t" not in tensors:
         if cfg.draft_vocab_size != cfg.vocab_size:
             # speculators and vLLM would silently assume the identity here: acceptance collapses
@@ -198,7 +216,8 @@ def llama_fields(draft: Draft, target: TargetConfig, dtype: str) -> dict[str, An
 
 def read_llama_fields(d: dict[str, Any], where: object, *, vocab_size: int | None = None,
                       draft_vocab_size: int | None = None, target_hidden_size: int | None = None,
-                      aux_layer_ids: tuple[int, ...], norm_before_residual: bool) -> DraftConfig:
+                      aux_layer_ids: tuple[int, ...], norm_before_residual: bool,
+                      fc_norm: bool = False, norm_output: bool = False) -> DraftConfig:
     """DraftConfig from an engine's Llama fields; refuses what the eagle3kit head can't run."""
     if int(d.get("num_hidden_layers", 1)) != 1:
         raise InputError(f"num_hidden_layers={d['num_hidden_layers']}: only one-layer EAGLE3 "
@@ -227,6 +246,8 @@ def read_llama_fields(d: dict[str, Any], where: object, *, vocab_size: int | Non
             rope=RopeConfig.from_hf(d, where),
             max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
             norm_before_residual=norm_before_residual,
+            fc_norm=fc_norm,
+            norm_output=norm_output,
         )
     except KeyError as e:
         raise InputError(f"config is missing the field {e.args[0]!r}", path=where) from None

@@ -11,6 +11,14 @@ ids are hidden_states indices. With the default layers the field is omitted, so 
 (SGLang, vLLM, sglang-jax, forks that read the field in either convention) captures the same.
 SGLang's midlayer always adds the un-normed fused state as the residual, so drafts with
 `norm_before_residual` cannot be expressed here.
+
+EAGLE-3.1 as SpecForge's `LlamaForCausalLMEagle3` reads it: `fc_norm: true` and the tensors
+`fc_norm.{0,1,2}.weight` (an RMSNorm per captured state before fc). SpecForge's own
+`norm_output` flag means something else (false drops the final norm before the lm_head), so
+3.1's post-norm state carried to the next step cannot be written here: `eagle3.1` drafts are
+refused (export them --to speculators for vLLM), `eagle3.1-fc` drafts are written, and the
+flag is left out (SpecForge's default, true, is the standard head; vLLM's default, false, is
+the standard recurrence), so no reader misreads it.
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ def config(draft: Draft, target: TargetConfig, dtype: str) -> dict[str, Any]:
         # SGLang ignores it; vLLM reads it for this format too (default False)
         "norm_before_residual": False,
     }
+    if cfg.fc_norm:
+        fields["fc_norm"] = True
     if cfg.aux_layer_ids != target.default_aux_layer_ids():
         fields["eagle_config"] = {
             "eagle_aux_hidden_state_layer_ids": to_sglang_ids(cfg.aux_layer_ids),
@@ -68,6 +78,11 @@ def write(directory: Path, draft: Draft, dtype: str) -> dict[str, Any]:
         raise MismatchError("this draft uses norm_before_residual (residual = normed hidden), "
                             "which SGLang's midlayer cannot express; export it with "
                             "--to speculators and serve it with vLLM")
+    if draft.config.norm_output:
+        raise MismatchError(f"this is an {draft.config.arch} draft: it carries the post-norm "
+                            "state to the next step (norm_output), which SGLang's (SpecForge's) "
+                            "midlayer format cannot express; export it with --to speculators "
+                            "and serve it with vLLM, or train with --arch eagle3.1-fc for SGLang")
     fields = config(draft, target, dtype)
     if "eagle_config" in fields:
         common.log.warning(
@@ -75,7 +90,8 @@ def write(directory: Path, draft: Draft, dtype: str) -> dict[str, Any]:
             "convention); serve this export with SGLang and use --to speculators for vLLM",
             list(draft.config.aux_layer_ids), fields["eagle_config"][
                 "eagle_aux_hidden_state_layer_ids"])
-    st.save(directory / common.WEIGHTS, common.to_tensors(draft, KEY_TABLE, dtype),
+    table = common.with_fc_norms(KEY_TABLE, draft.config)
+    st.save(directory / common.WEIGHTS, common.to_tensors(draft, table, dtype),
             {"format": "pt"})
     (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
     return fields
@@ -113,10 +129,13 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
     if config_dict.get("tie_word_embeddings"):
         raise InputError("tie_word_embeddings: true makes SGLang use the embedding as the "
                          "head; this checkpoint is not a standard EAGLE3 draft", path=where)
-    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
-        if config_dict.get(flag) or (config_dict.get("eagle_config") or {}).get(flag):
-            raise InputError(f"{flag}: true is not supported by eagle3kit's draft head",
-                             path=where)
+    flags = {**(config_dict.get("eagle_config") or {}), **config_dict}
+    if flags.get("norm_before_fc"):
+        raise InputError("norm_before_fc: true (one norm over the concatenated states) is not "
+                         "supported by eagle3kit's draft head", path=where)
+    if flags.get("norm_output", True) is False:  # SpecForge: no final norm before the head
+        raise InputError("norm_output: false (no final norm before the lm_head) is not "
+                         "supported by eagle3kit's draft head", path=where)
     lm_head = tensors.get("lm_head.weight")
     if lm_head is None:
         raise InputError("missing tensor 'lm_head.weight' (a head that borrows the target's "
@@ -126,6 +145,8 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
         config_dict, where, draft_vocab_size=config_dict.get("draft_vocab_size")
         or lm_head.shape[0], target_hidden_size=common.fc_width(config_dict, tensors, len(ids)),
         aux_layer_ids=ids,
-        norm_before_residual=bool(config_dict.get("norm_before_residual", False)))
-    weights, vocab = common.read_weights(tensors, KEY_TABLE, IGNORED, cfg, directory)
+        norm_before_residual=bool(config_dict.get("norm_before_residual", False)),
+        fc_norm=bool(flags.get("fc_norm", False)))
+    weights, vocab = common.read_weights(tensors, common.with_fc_norms(KEY_TABLE, cfg),
+                                         IGNORED, cfg, directory)
     return cfg, weights, vocab

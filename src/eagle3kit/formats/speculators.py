@@ -51,8 +51,10 @@ def config(draft: Draft, target: TargetConfig, dtype: str,
         "draft_vocab_size": cfg.draft_vocab_size,
         "norm_before_residual": cfg.norm_before_residual,
         "norm_before_fc": False,
-        "fc_norm": False,
-        "norm_output": False,
+        # EAGLE-3.1 (speculators' and vLLM's reading): norms per captured state before fc,
+        # and the post-norm state carried to the next step
+        "fc_norm": cfg.fc_norm,
+        "norm_output": cfg.norm_output,
         "embed_requires_grad": False,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
@@ -75,7 +77,8 @@ def write(directory: Path, draft: Draft, dtype: str, speculative_tokens: int) ->
     """Writes config.json and model.safetensors into `directory`; returns the config."""
     target = common.check_exportable(draft, min_layer_id=0)
     fields = config(draft, target, dtype, speculative_tokens)
-    st.save(directory / common.WEIGHTS, common.to_tensors(draft, KEY_TABLE, dtype),
+    table = common.with_fc_norms(KEY_TABLE, draft.config)
+    st.save(directory / common.WEIGHTS, common.to_tensors(draft, table, dtype),
             {"format": "pt"})
     (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
     return fields
@@ -97,10 +100,9 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
     kind = config_dict.get("speculators_model_type")
     if kind != MODEL_TYPE:
         raise InputError(f"speculators_model_type {kind!r} is not an EAGLE3 draft", path=where)
-    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
-        if config_dict.get(flag):
-            raise InputError(f"{flag}: true is not supported by eagle3kit's draft head",
-                             path=where)
+    if config_dict.get("norm_before_fc"):
+        raise InputError("norm_before_fc: true (one norm over the concatenated states) is not "
+                         "supported by eagle3kit's draft head", path=where)
     layer = config_dict.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise InputError("transformer_layer_config is missing or not an object", path=where)
@@ -117,6 +119,9 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
         layer, where, draft_vocab_size=config_dict.get("draft_vocab_size"),
         target_hidden_size=common.fc_width(config_dict, tensors, len(ids)), aux_layer_ids=ids,
         # vLLM's reading when the key is absent
-        norm_before_residual=bool(config_dict.get("norm_before_residual", True)))
-    weights, vocab = common.read_weights(tensors, KEY_TABLE, IGNORED, cfg, directory)
+        norm_before_residual=bool(config_dict.get("norm_before_residual", True)),
+        fc_norm=bool(config_dict.get("fc_norm", False)),
+        norm_output=bool(config_dict.get("norm_output", False)))
+    weights, vocab = common.read_weights(tensors, common.with_fc_norms(KEY_TABLE, cfg),
+                                         IGNORED, cfg, directory)
     return cfg, weights, vocab

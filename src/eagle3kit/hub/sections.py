@@ -301,8 +301,11 @@ def architecture(c: CardInputs) -> str:
     d = c.draft
     ids = list(d.aux_layer_ids)
     rows = [
-        ("Architecture", "EAGLE3 head: fc over 3 target states, one Llama decoder layer of "
-                         "width 2H, own lm_head over the draft vocabulary"),
+        ("Architecture", f"{'EAGLE-3.1' if d.arch == 'eagle3.1' else 'EAGLE3'} head: fc over "
+                         f"{len(ids)} target states{' (each RMS-normed first)' if d.fc_norm else ''}"
+                         ", one Llama decoder layer of width 2H, own lm_head over the draft "
+                         "vocabulary" + ("; the post-norm state feeds the next step "
+                                         "(norm_output)" if d.norm_output else "")),
         ("Hidden size", _num(d.hidden_size)),
         ("Attention heads", f"{d.num_heads} (GQA: {d.num_kv_heads} KV heads, head dim "
                             f"{d.head_dim})"),

@@ -16,6 +16,7 @@ import math
 import os
 from typing import Any
 
+from eagle3kit.core.config import ARCHES
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.errors import UserError
 from eagle3kit.io import dtypes
@@ -62,6 +63,7 @@ class TrainConfig:
     eval_every: int = 500
     log_every: int = 10
     aux_layer_ids: tuple[int, ...] | None = None
+    arch: str = "eagle3"  # a key of core.config.ARCHES
     init_from: str | None = None
     resume: bool = False
     time_limit: float | None = None  # seconds; then checkpoint and exit 75 (resumable)
@@ -130,5 +132,7 @@ def _validate(c: TrainConfig) -> None:
     for name, value in (("--dtype", c.dtype), ("--target-dtype", c.target_dtype)):
         if value not in COMPUTE_DTYPES:  # the command line canonicalises aliases (bf16)
             dtypes.dtype_name(value, COMPUTE_DTYPES, name)
+    if c.arch not in ARCHES:
+        raise UserError(f"--arch {c.arch!r}: choose {', '.join(ARCHES)}")
     if c.attention not in ATTENTION:
         raise UserError(f"--attention {c.attention!r}: choose {', '.join(ATTENTION)}")

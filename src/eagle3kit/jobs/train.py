@@ -259,10 +259,13 @@ def _check_and_load(cfg: TrainConfig) -> _Setup:
                         f"({batch_ways(mesh)}); rows are split over data-parallel devices")
     shardings(TargetWeights.abstract(tcfg), mesh)  # a mesh that cannot split the heads: now
     init = _init_params(cfg, ckpt, key)
-    dcfg = init.config if init else DraftConfig.for_target(tcfg, vocab.draft_size,
-                                                          cfg.aux_layer_ids)
+    dcfg = init.config if init else DraftConfig.for_target(
+        tcfg, vocab.draft_size, cfg.aux_layer_ids).with_arch(cfg.arch)
     if init:
         vocab = _check_init_vocab(init, vocab, cfg.init_from)
+        if init.config.arch != cfg.arch:
+            raise UserError(f"--init-from {cfg.init_from} is an {init.config.arch} draft but "
+                            f"--arch is {cfg.arch}; pass --arch {init.config.arch}")
     return _Setup(docs, eval_docs, tcfg, ckpt, dcfg, vocab, fingerprints, mesh, init)
 
 
