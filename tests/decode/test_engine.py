@@ -90,17 +90,18 @@ def test_one_row_and_sixteen_rows_with_refill_give_the_same_tokens(llama):
 
 
 def test_rows_crossing_a_window_boundary_mid_program_read_every_key(llama, chaotic):
-    """Attention reads a window of the cache sized to the longest row; a decode program of 8
-    steps that starts 1 position below 128 (and later below 192) writes 7 keys past that
-    bound, and its queries must read them. On the context-sensitive tiny Llama (`chaotic`),
-    any key left out changes the greedy answer: it must stay transformers' token for token."""
+    """Attention reads a window of the cache sized to the longest row; the first decode
+    program of the 127-token prompt (8 steps) starts 1 position below 128 and writes 7 keys
+    past it, and its queries must read them. On the context-sensitive tiny Llama (`chaotic`)
+    any key left out changes the greedy answer: it must stay transformers' token for token.
+    (The shapes of test_greedy_equals_transformers_generate: its programs are reused.)"""
     _, _, ckpt, _, mesh, _ = llama
     model, w = chaotic
     rng = np.random.default_rng(1)
-    prompts = [[int(x) for x in rng.integers(0, 96, n)] for n in (127, 60, 100)]
-    got = run(ckpt, w, mesh, prompts, rows=4, new=72)
+    prompts = [[int(x) for x in rng.integers(0, 96, n)] for n in (127, 20)]
+    got = run(ckpt, w, mesh, prompts, rows=4)
     for p, c in zip(prompts, got, strict=True):
-        assert c.tokens == hf_greedy(model, p, 72), f"prompt of {len(p)} tokens"
+        assert c.tokens == hf_greedy(model, p, NEW), f"prompt of {len(p)} tokens"
 
 
 def test_sampled_streams_draw_fresh_randomness_at_every_token(llama):

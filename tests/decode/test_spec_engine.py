@@ -137,13 +137,13 @@ def test_verify_programs_whose_rows_cross_a_window_boundary_stay_plain_greedy(ti
     116 and 112 tokens), so the later ones write past 128 however few drafts are accepted.
     On the context-sensitive tiny Llama (`chaotic`, drafted by `tiny`'s random draft) a key
     that lands in the wrong slot changes the answer: greedy chains must stay transformers'
-    greedy tokens."""
+    greedy tokens. (192 slots: every correct program reads all of them, one program.)"""
     tcfg, _, dcfg, draft_w, vocab, mesh = tiny
     model, target_w = chaotic
     rng = np.random.default_rng(2)
     prompts = [[int(x) for x in rng.integers(0, tcfg.vocab_size, n)] for n in (116, 112)]
     engine = SpecEngine(tcfg, dcfg, target_w, draft_w, vocab, CHAIN, [], mesh,
-                        SpecEngineConfig(rows=2, max_context=SLOTS, sync_every=16))
+                        SpecEngineConfig(rows=2, max_context=192, sync_every=16))
     done = engine.generate([Request(i, p, 40) for i, p in enumerate(prompts)])
     for p, c in zip(prompts, done, strict=True):
         assert c.tokens == hf_greedy(model, p, 40), f"prompt of {len(p)} tokens"
