@@ -1,5 +1,5 @@
-"""References from transformers for the decoding tests: greedy `generate`, and a check that
-sampled streams draw fresh randomness at every token.
+"""References from transformers for the decoding tests: greedy `generate` (and the same
+check in one forward), and a check that sampled streams draw fresh randomness at every token.
 
 `repeat_zscores`: in a correctly sampled stream, token i given everything before it is a
 draw from p_i = softmax(logits_i / T), so the indicator "token i equals token i-l" has
@@ -25,6 +25,18 @@ def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
                          max_new_tokens=new, min_new_tokens=new, do_sample=False,
                          eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+def greedy_divergence(model, prompt: list[int], tokens: list[int]) -> int | None:
+    """The first index at which `tokens` leaves transformers' greedy continuation of
+    `prompt`, or None. Each token must be the argmax after the ones before it, which one
+    forward over prompt + tokens checks for all of them (`generate` would run one per token):
+    tokens that pass are, by induction, exactly what greedy `generate` gives."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0]
+    best = logits[len(prompt) - 1: len(prompt) - 1 + len(tokens)].argmax(-1).tolist()
+    return next((i for i, (a, b) in enumerate(zip(tokens, best, strict=True)) if a != b),
+                None)
 
 
 def repeat_zscores(model, prompts: list[list[int]], streams: list[list[int]],
