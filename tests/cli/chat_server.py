@@ -2,21 +2,27 @@
 
 Answers are a deterministic function of the request, so two runs can be compared byte for
 byte. It can refuse prompts (HTTP 400 for a user message containing TOOLONG), fail now and
-then (the first attempt of every `flaky`-th distinct request gets a 503, which a retry gets
-past) or go down for good after `up_for` answers; it records every request body it was
-sent.
+then (the first attempt of every `flaky`-th distinct request gets `fail_code`, 503 unless
+told, which a retry gets past), go down for good after `up_for` answers, or hold every
+request after `hold_after` answers until the test ends (`held` is set once one waits); it
+records every request body it answered and counts every request (`calls`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import threading
 
 
 class ChatServer:
-    def __init__(self, flaky: int = 0, up_for: int | None = None):
-        self.flaky, self.up_for = flaky, up_for
+    def __init__(self, flaky: int = 0, up_for: int | None = None, fail_code: int = 503,
+                 hold_after: int | None = None):
+        self.flaky, self.up_for, self.fail_code = flaky, up_for, fail_code
+        self.hold_after = hold_after
+        self.held = threading.Event()  # a request is being held
+        self._release = threading.Event()
         self.bodies: list[dict] = []
         self.calls = 0
         self.failed: set[str] = set()  # requests already failed once (flaky)
@@ -49,10 +55,16 @@ class ChatServer:
                              and key not in server.failed)
                     if flake:
                         server.failed.add(key)
+                if server.hold_after is not None and answered >= server.hold_after:
+                    server.held.set()
+                    server._release.wait()
+                    with contextlib.suppress(OSError):  # the client may be gone by now
+                        self._send(503, {"error": {"message": "released"}})
+                    return None
                 if server.up_for is not None and answered >= server.up_for:
                     return self._send(503, {"error": {"message": "down for maintenance"}})
                 if flake:  # once per request: its retry succeeds
-                    return self._send(503, {"error": {"message": "busy"}})
+                    return self._send(server.fail_code, {"error": {"message": "busy"}})
                 user = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
                 if "TOOLONG" in user:
                     return self._send(400, {"error": {"message": "prompt is too long"}})
@@ -76,5 +88,6 @@ class ChatServer:
         return self
 
     def __exit__(self, *exc):
+        self._release.set()
         self.httpd.shutdown()
         self.httpd.server_close()

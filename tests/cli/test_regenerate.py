@@ -298,3 +298,93 @@ def test_an_unreachable_endpoint_fails_in_seconds(chats):
                    "-i", chats)
     assert r.exit_code == 4 and "127.0.0.1:9" in r.output
     assert len(r.output.strip().splitlines()) == 1 and time.monotonic() - t0 < 10
+
+
+@pytest.fixture(scope="module")
+def endpoint_reference(chats):
+    """An uninterrupted --endpoint run over `chats`, from a server that never fails."""
+    with ChatServer() as server:
+        r = endpoint_run(server.url, chats)
+    assert r.exit_code == 0, r.output
+    return r.stdout_bytes
+
+
+def test_endpoint_resume_cuts_a_torn_last_line_and_continues_byte_for_byte(
+        chats, endpoint_reference, tmp_path):
+    """A kill inside a write leaves part of a record after the last newline: --resume cuts
+    it off (the file never keeps half a record) and writes the rest, so the file ends up
+    byte for byte the uninterrupted run's."""
+    lines = endpoint_reference.splitlines(keepends=True)
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b"".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
+    with ChatServer() as server:
+        r = endpoint_run(server.url, chats, "-o", out, "--resume")
+    assert r.exit_code == 0, r.output
+    assert "3 already in the output" in r.output
+    assert out.read_bytes() == endpoint_reference
+
+
+def test_endpoint_shards_are_blocks_that_cat_back_to_the_whole_run(chats, endpoint_reference):
+    """--shard I/N over 10 conversations, N = 3 and 4 (neither divides 10): every
+    conversation is written by exactly one shard, and `cat` of the N outputs in order is the
+    unsharded run."""
+    with ChatServer() as server:
+        for n in (3, 4):
+            parts = [endpoint_run(server.url, chats, "--shard", f"{i}/{n}") for i in range(n)]
+            assert [p.exit_code for p in parts] == [0] * n, [p.output for p in parts]
+            assert b"".join(p.stdout_bytes for p in parts) == endpoint_reference, n
+
+
+def test_endpoint_rate_limits_are_retried_not_refused(chats, endpoint_reference):
+    """HTTP 429 (rate limited) on the first attempt of every other request: each is retried
+    and answered, so nothing is dropped or cut and the output is the unthrottled run's."""
+    with ChatServer(flaky=2, fail_code=429) as server:
+        r = endpoint_run(server.url, chats, "--concurrency", "10")
+    assert r.exit_code == 0, r.output
+    assert len(server.failed) >= 5
+    assert r.stdout_bytes == endpoint_reference
+
+
+def test_endpoint_retries_n_means_n_plus_one_attempts(tmp_path):
+    """--retries 2 against a server that is down: the request is sent 3 times (the attempt
+    and 2 retries), then the run stops with exit 4."""
+    data = tmp_path / "in.jsonl"
+    data.write_bytes(encode(ChatRecord("one", "t", [Message("user", "Hi"),
+                                                    Message("assistant", "Hello")])))
+    with ChatServer(up_for=0) as server:
+        r = endpoint_run(server.url, data, "--retries", "2")
+    assert r.exit_code == 4 and "after 2 retries" in r.output, r.output
+    assert server.calls == 3
+
+
+def test_endpoint_records_reach_the_file_as_they_finish_and_survive_sigkill(tmp_path):
+    """A real process, one conversation at a time: while the server holds the third
+    conversation's request, the first two records are already in the file (written through
+    at once, not at the next periodic fsync), a SIGKILL keeps them, and --resume completes
+    the uninterrupted run's bytes."""
+    data = tmp_path / "in.jsonl"
+    data.write_bytes(b"".join(
+        encode(ChatRecord(f"c{i}", "t", [Message("user", f"question {i}"),
+                                         Message("assistant", "old answer")]))
+        for i in range(4)))
+    with ChatServer() as server:
+        full = endpoint_run(server.url, data)
+    assert full.exit_code == 0, full.output
+    out = tmp_path / "out.jsonl"
+    with ChatServer(hold_after=2) as server:
+        cmd = [sys.executable, "-m", "eagle3kit", "regenerate", "--target", "tiny-chat",
+               "--endpoint", server.url, "--concurrency", "1", "-i", str(data), "-o",
+               str(out)]
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+        try:
+            assert server.held.wait(60), proc.stderr.read().decode()
+            _wait_for_lines(proc, out, 2, timeout=10)
+        finally:
+            proc.kill()
+            proc.wait()
+    lines = full.stdout_bytes.splitlines(keepends=True)
+    assert out.read_bytes() == b"".join(lines[:2])
+    with ChatServer() as server:
+        r = endpoint_run(server.url, data, "-o", out, "--resume")
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes() == full.stdout_bytes

@@ -1,5 +1,7 @@
-"""The batched generation engine: exact greedy decoding against transformers' `generate`,
-independence from the batch (rows, refill order), stop tokens and limits, sampling rules.
+"""The batched generation engine: exact greedy decoding against transformers' `generate`
+(also where a program crosses a window boundary, on a target whose answers depend on every
+key), independence from the batch (rows, refill order), stop tokens and limits, sampling
+rules and fresh randomness at every token.
 
 fp32 with the highest matmul precision throughout (tests/conftest.py): greedy tokens must
 then equal transformers' token for token; a wrong position, cache row or mask changes them
@@ -12,12 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling, sample
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
+from tests.decode.hf_reference import greedy_divergence, hf_greedy, repeat_zscores
 
 NEW = 64
 LENGTHS = (5, 17, 40, 9, 33, 70, 3, 21)  # across the prefill chunk of 32 used below
@@ -46,14 +48,6 @@ def qwen3(tmp_path_factory):
 @pytest.fixture(params=["llama", "qwen3"])
 def tiny(request):
     return request.getfixturevalue(request.param)
-
-
-def hf_greedy(model, prompt, new):
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                                                                          dtype=torch.long),
-                         max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def run(ckpt, w, mesh, prompts, rows, new=NEW, stops=(), sampling=Sampling(), limits=None,
@@ -93,6 +87,36 @@ def test_one_row_and_sixteen_rows_with_refill_give_the_same_tokens(llama):
     a = run(ckpt, w, mesh, prompts[:2], rows=2, sampling=Sampling(1.0), seeds=[5, 5])
     b = run(ckpt, w, mesh, prompts[:2], rows=2, sampling=Sampling(1.0), seeds=[6, 6])
     assert a[0].tokens != b[0].tokens
+
+
+def test_rows_crossing_a_window_boundary_mid_program_read_every_key(llama, chaotic):
+    """Attention reads a window of the cache sized to the longest row; the first decode
+    program of the 127-token prompt (8 steps) starts 1 position below 128 and writes 7 keys
+    past it, and its queries must read them. On the context-sensitive tiny Llama (`chaotic`)
+    any key left out changes the greedy answer: it must stay transformers' token for token.
+    (The shapes of test_greedy_equals_transformers_generate: its programs are reused.)"""
+    _, _, ckpt, _, mesh, _ = llama
+    model, w = chaotic
+    rng = np.random.default_rng(1)
+    prompts = [[int(x) for x in rng.integers(0, 96, n)] for n in (127, 20)]
+    got = run(ckpt, w, mesh, prompts, rows=4)
+    for p, c in zip(prompts, got, strict=True):
+        assert len(c.tokens) == NEW
+        at = greedy_divergence(model, p, c.tokens)
+        assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
+
+
+def test_sampled_streams_draw_fresh_randomness_at_every_token(llama):
+    """Temperature 1 on the tiny Llama, whose next-token distributions are nearly flat: a
+    token equals the one l places before it about as often as the model's probabilities say
+    (hf_reference.repeat_zscores), for l = 1..8. A stream that reuses a key (the same draw
+    twice) repeats its tokens far more often."""
+    family, model, ckpt, w, mesh, prompts = llama
+    short = [p for p in prompts if len(p) <= 32] * 4  # 20 streams on Sampling(1.0)'s programs
+    got = run(ckpt, w, mesh, short, rows=2, new=24, sampling=Sampling(1.0),
+              seeds=list(range(len(short))))
+    z = repeat_zscores(model, short, [c.tokens for c in got], 1.0, range(1, 9))
+    assert max(abs(v) for v in z.values()) < 5, z
 
 
 def test_a_stop_token_ends_a_row_and_is_kept(llama):

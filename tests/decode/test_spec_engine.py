@@ -4,7 +4,9 @@ gets tokens accepted (tests/decode/accepting.py).
 fp32: greedy chains and trees must give plain greedy decoding's tokens for every request,
 with fewer rows than requests (refill), rows that end at different steps (limits, a stop
 token, a limit of 1), and each request's accepted counts must equal the batch-1 Decoder's.
-Sampled chains must not depend on the number of rows.
+Sampled chains must not depend on the number of rows, and must draw fresh randomness at
+every verify step. Rows whose verify programs cross a window boundary keep plain greedy's
+tokens on a target whose answers depend on every key (`chaotic`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from eagle3kit.decode.runner import Decoder, acceptance_summary
 from eagle3kit.decode.spec_engine import SpecEngine, SpecEngineConfig
 from eagle3kit.decode.speculative import DecodeConfig
 from tests.decode import accepting
+from tests.decode.hf_reference import greedy_divergence, repeat_zscores
 
 SLOTS = 256  # > 128: verify programs read a window of 128 slots (prompt 11 + 24 new fit)
 CHAIN = DecodeConfig(steps=accepting.K, max_new_tokens=accepting.NEW)
@@ -126,3 +129,44 @@ def test_sampled_chain_does_not_depend_on_the_rows_or_their_devices(accepting_dr
     # sampled, not greedy: some answer leaves the greedy one
     assert any(c.tokens != acc.greedy[i][: len(c.tokens)]
                for (i, _), c in zip(REQUESTS, one, strict=True))
+
+
+def test_verify_programs_whose_rows_cross_a_window_boundary_stay_plain_greedy(tiny, chaotic):
+    """A verify program works on a window of the cache sized to where its rows can write
+    during the whole program. Here 16 verify steps start a few slots below 128 (prompts of
+    116 and 112 tokens), so the later ones write past 128 however few drafts are accepted.
+    On the context-sensitive tiny Llama (`chaotic`, drafted by `tiny`'s random draft) a key
+    that lands in the wrong slot changes the answer: greedy chains must stay transformers'
+    greedy tokens. (192 slots: every correct program reads all of them, one program.)"""
+    tcfg, _, dcfg, draft_w, vocab, mesh = tiny
+    model, target_w = chaotic
+    rng = np.random.default_rng(2)
+    prompts = [[int(x) for x in rng.integers(0, tcfg.vocab_size, n)] for n in (116, 112)]
+    engine = SpecEngine(tcfg, dcfg, target_w, draft_w, vocab, CHAIN, [], mesh,
+                        SpecEngineConfig(rows=2, max_context=192, sync_every=16))
+    done = engine.generate([Request(i, p, 40) for i, p in enumerate(prompts)])
+    for p, c in zip(prompts, done, strict=True):
+        assert len(c.tokens) == 40
+        at = greedy_divergence(model, p, c.tokens)
+        assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
+
+
+def test_sampled_streams_draw_fresh_randomness_at_every_verify_step(tiny, tiny_dir):
+    """T = 0.8 on the tiny target, whose next-token distributions are nearly flat, drafted by
+    `tiny`'s random draft: the emitted tokens are draws from the target's distributions (the
+    speculative-sampling rule), so a token equals the one l places before it about as often
+    as those probabilities say (hf_reference.repeat_zscores, l = 1..8, past one verify
+    step's K + 1 tokens). A row that reuses its uniforms at every verify step proposes,
+    accepts and draws the same way again and repeats itself."""
+    import transformers
+
+    tcfg, _, dcfg, draft_w, vocab, mesh = tiny
+    dec = DecodeConfig(steps=accepting.K, max_new_tokens=accepting.NEW, temperature=0.8)
+    rng = np.random.default_rng(4)
+    prompts = [[int(x) for x in rng.integers(0, tcfg.vocab_size, 11)] for _ in range(4)] * 2
+    engine = SpecEngine(tcfg, dcfg, tiny[1], draft_w, vocab, dec, [], mesh,
+                        SpecEngineConfig(rows=1, max_context=SLOTS, sync_every=4))
+    done = engine.generate([Request(j, p, 24, seed=j) for j, p in enumerate(prompts)])
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    z = repeat_zscores(model, prompts, [c.tokens for c in done], 0.8, range(1, 9))
+    assert max(abs(v) for v in z.values()) < 5, z
