@@ -29,8 +29,9 @@ pkg() { $PY -c "import importlib.util as u; print(u.find_spec('$1').submodule_se
 if [ "${QUICK:-0}" = 1 ]; then
   : "${RECORDS:=48}" "${SEQ_LEN:=256}" "${TTT:=3}" "${VOCAB:=2048}" "${MAX_STEPS:=3}"
   : "${MT_LIMIT:=1}" "${HE_LIMIT:=1}" "${NEW:=16}" "${REGEN_NEW:=24}" "${DTYPE:=float32}"
-  : "${REGEN_SECONDS:=600}" "${GPUS:=1}" "${SHAPES:=3,2/2/4}" "${GRAD_ACCUM:=1}" "${HE_SHAPE:=3}"
+  : "${REGEN_SECONDS:=300}" "${SLOTS:=8}" "${HOLDOUT_EVERY:=4}" "${GPUS:=1}" "${SHAPES:=3,2/2/4}" "${GRAD_ACCUM:=1}" "${HE_SHAPE:=3}"
 fi
+export HOLDOUT_EVERY=${HOLDOUT_EVERY:-50}
 : "${RECORDS:=}" "${SEQ_LEN:=2048}" "${TTT:=7}" "${VOCAB:=32000}" "${MAX_STEPS:=}"
 : "${MT_LIMIT:=40}" "${HE_LIMIT:=40}" "${NEW:=256}" "${REGEN_NEW:=512}" "${DTYPE:=bfloat16}"
 : "${REGEN_SECONDS:=330}" "${SHAPES:=3,7,5/4/8}" "${GRAD_ACCUM:=2}" "${HE_SHAPE:=7}"
@@ -64,7 +65,7 @@ prep() {
     f=$A/regen.$i.jsonl; resume=""; [ -s "$f" ] && resume=--resume
     on_gpu "$i" timeout --signal=INT "$REGEN_SECONDS" $E3K regenerate --target "$GGUF" \
       -i "$A/chats.jsonl" -o "$f" --shard "$i/$GPUS" --max-new-tokens "$REGEN_NEW" \
-      --max-context "$SEQ_LEN" --slots "${SLOTS:-512}" $REGEN_ARGS $resume \
+      --max-context "$SEQ_LEN" --slots "${SLOTS:-256}" $REGEN_ARGS $resume \
       > "$OUTDIR/regen.$i.log" 2>&1 &
   done
   wait
@@ -80,14 +81,15 @@ prep() {
   done
   for v in v1 r1 r2; do
     $PY benchmarks/ablation.py split "$A/$v-tokens.jsonl" "$v" "$A"
-    $E3K vocab-select --size "$VOCAB" -i "$A/$v-train.jsonl" -o "$A/$v-vocab.safetensors" --force
+    rm -f "$A/$v-vocab.safetensors"
+    $E3K vocab-select --size "$VOCAB" -i "$A/$v-train.jsonl" -o "$A/$v-vocab.safetensors"
   done
   for v in v1 r1 r2; do echo "$v: $(wc -l < "$A/$v-train.jsonl") train records, $(cat "$A/$v-train.jsonl" | wc -c) bytes"; done \
     | tee "$OUTDIR/data.txt"
 }
 
 one_arm() {  # one arm on one GPU: train, then every measurement
-  arm=$1 gpu=$2 d; d=$(arm_data "$arm"); dir=$A/$arm; mkdir -p "$dir"
+  arm=$1 gpu=$2; d=$(arm_data "$arm"); dir=$A/$arm; mkdir -p "$dir"
   log=$OUTDIR/$arm.log
   {
     if [ ! -f "$dir/run/final/draft_config.json" ]; then
