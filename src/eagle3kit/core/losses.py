@@ -106,8 +106,13 @@ LOSSES: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
 
 def per_position_loss(name: str, logits_BxTxVd: jax.Array,
                       target_p_BxTxVd: jax.Array) -> jax.Array:
-    """The loss `name` (a key of LOSSES) at every position -> [B, T] fp32."""
-    return LOSSES[name](logits_BxTxVd, target_p_BxTxVd)
+    """The loss `name` (a key of LOSSES) at every position -> [B, T] fp32.
+
+    Under `jax.checkpoint`: the backward pass recomputes q, log q and min(p, q) from the
+    logits, one elementwise pass, instead of keeping two to four fp32 [B, T, Vd] tensors of
+    every TTT step alive until the backward pass reaches it.
+    """
+    return jax.checkpoint(LOSSES[name])(logits_BxTxVd, target_p_BxTxVd)
 
 
 # ---- weights of the K steps -----------------------------------------------------------------
