@@ -79,6 +79,9 @@ def main() -> None:
     p.add_argument("--memory", action="store_true", help="print XLA's memory analysis of "
                    "the compiled step (arguments, outputs, temporaries per device)")
     p.add_argument("--remat", action="store_true", help="recompute each TTT step's forward")
+    p.add_argument("--loss", default="kl", help="comma-separated `train --loss` names to sweep, "
+                   "e.g. kl,tv,nla,lk-hybrid (the step's cost per loss)")
+    p.add_argument("--position-weights", default="geometric", help="geometric or verify")
     p.add_argument("--attention-block", type=int, default=None,
                    help="query rows per block of the TTT attention")
     p.add_argument("--flash-blocks", default=None, help="tiles of the fused TTT attention "
@@ -114,14 +117,18 @@ def main() -> None:
           f"K={args.ttt_length}, T={args.seq_len}, accum={args.grad_accum}")
     print(f"{'batch':>5} {'attn':>6} {'compile s':>9} {'step ms':>8} {'tokens/s':>10} "
           f"{'TFLOP/s':>8} {'MFU':>5} {'peak GiB':>8} {'piped ms':>8} {'piped tok/s':>11}")
-    for batch, attn in itertools.product([int(b) for b in args.batch_size.split(",")],
-                                         args.attention.split(",")):
+    for batch, attn, loss in itertools.product([int(b) for b in args.batch_size.split(",")],
+                                               args.attention.split(","),
+                                               args.loss.split(",")):
         impl = resolve_attention(attn, jnp.bfloat16, jnp.bfloat16)
         extra = {} if args.attention_block is None else {"attention_block": args.attention_block}
         if args.flash_blocks:
             extra["flash_blocks"] = FlashBlocks(*map(int, args.flash_blocks.split(",")))
         if args.remat:  # only passed when asked: older checkouts (before/after runs) lack it
             extra["remat"] = True
+        if loss != "kl" or args.position_weights != "geometric":  # likewise
+            extra.update(loss=loss, position_weights=args.position_weights)
+            print(f"loss {loss}, position weights {args.position_weights}:")
         trainer = Trainer(tcfg, dcfg, ttt.TTTConfig(args.ttt_length, 0.8, jnp.bfloat16, impl,
                                                     **extra),
                           OptimConfig(total_steps=100), mesh)

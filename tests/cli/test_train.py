@@ -337,6 +337,49 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(a, tmp_path):
     assert saved and all(not p.startswith(".") for p in saved)
 
 
+def test_loss_and_step_weights_are_trained_recorded_and_pinned(a, tmp_path):
+    """`--loss tv --position-weights verify` trains (the TV at step 1, before any update),
+    lands in config.json, the draft's training record and the model card; resuming with
+    another loss or other weights is refused in one line, before anything is written."""
+    out = tmp_path / "run"
+    r = invoke(base_args(a, out, *ONE_DEVICE, "--loss", "tv", "--position-weights", "verify"))
+    assert r.exit_code == 0, r.output
+    # measured on this data: kl 2.412, nla 0.0989, lk-hybrid 0.0849, jsd 0.0159
+    assert losses(out)[0][1] == pytest.approx(0.0870, abs=1e-3), losses(out)
+    recorded = json.loads((out / "config.json").read_text())["config"]
+    assert (recorded["loss"], recorded["position_weights"]) == ("tv", "verify")
+    assert load_draft(out / "final").training["loss"] == "tv"
+    export = tmp_path / "export"
+    assert invoke(["convert", str(out / "final"), "--to", "sglang", "-o", str(export)]
+                  ).exit_code == 0
+    r = invoke(["push", str(export), "--repo-id", "my-org/tiny-Eagle3", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    card = (export / "README.md").read_text()
+    assert "| Loss | total variation (1 - alpha) against the target's distribution; " \
+           "verification-aware step weights" in card, card
+
+    before = (out / "config.json").read_text()
+    for option, value, old in (("--loss", "kl", "tv"), ("--position-weights", "geometric",
+                                                        "verify")):
+        args = base_args(a, out, *ONE_DEVICE, "--loss", "tv", "--position-weights", "verify",
+                         "--resume")
+        args[args.index(option) + 1] = value
+        args[args.index("--max-steps") + 1] = "3"
+        r = invoke(args)
+        assert r.exit_code == 3, r.output
+        assert r.output.strip() == (f"error: {out / 'config.json'}: {option} is {value!r} but "
+                                    f"the run was started with {old!r}"), r.output
+    assert (out / "config.json").read_text() == before
+    assert not (out / "checkpoints" / "step_00000003").exists()
+    # a run recorded before --loss existed was trained with today's default, kl
+    older = json.loads(before)
+    del older["config"]["loss"]
+    (out / "config.json").write_text(json.dumps(older))
+    r = invoke(base_args(a, out, *ONE_DEVICE, "--loss", "tv", "--position-weights", "verify",
+                         "--resume"))
+    assert r.exit_code == 3 and "--loss is 'tv' but the run was started with 'kl'" in r.output
+
+
 def test_help_has_example():
     r = runner.invoke(app, ["train", "--help"])
     assert r.exit_code == 0 and "Example" in r.output and "eagle3kit train" in r.output
@@ -377,6 +420,9 @@ def test_smollm2_draft_learns_on_real_sharegpt(tmp_path):
     ("--dtype", "float16", "'float16': choose bfloat16, float32"),
     ("--attention", "flash", "'flash': choose auto, xla, cudnn, pallas"),
     ("--arch", "eagle4", "--arch 'eagle4': choose eagle3, eagle3.1, eagle3.1-fc"),
+    ("--loss", "nonsense", "error: --loss 'nonsense': choose kl, tv, nla, lk-hybrid, jsd\n"),
+    ("--position-weights", "uniform", "error: --position-weights 'uniform': choose geometric, "
+     "verify\n"),
 ])
 def test_options_are_refused_before_anything_loads(a, tmp_path, option, value, message):
     args = base_args(a, tmp_path / "run")

@@ -24,6 +24,7 @@ from eagle3kit.core.sharding import init_weights, make_mesh
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
+from tests.core import test_losses
 
 K = 3
 
@@ -110,7 +111,9 @@ def softmax(x):
     return e / e.sum()
 
 
-def reference_loss(w, cfg: DraftConfig, sig, batch, used_ids, decay=0.8):
+def reference_loss(w, cfg: DraftConfig, sig, batch, used_ids, decay=0.8, record=None):
+    """The soft cross-entropy loss with geometric weights, and the counts; `record` (a list)
+    receives (k, b, t, logits, p, in_draft, right) of every valid position."""
     w = {k: np.asarray(v, np.float64) for k, v in draft_arrays(w).items()}
     eps, nh, kvh, hd = cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     inv = cfg.rope.inv_freq(hd).astype(np.float64)
@@ -171,6 +174,8 @@ def reference_loss(w, cfg: DraftConfig, sig, batch, used_ids, decay=0.8):
                 if in_draft[b, j]:
                     ce_sum[k] += -(probs[b, j] * logp).sum()
                 right = used_ids[np.argmax(logits)] == amax[b, j]
+                if record is not None:
+                    record.append((k, b, t, logits, probs[b, j], in_draft[b, j], right))
                 correct[k] += right
                 cond_total[k] += all_right[t]
                 cond_correct[k] += all_right[t] and right
@@ -237,6 +242,40 @@ def test_rollout_matches_plain_reference(setup, tiny):
     np.testing.assert_array_equal(np.asarray(counts.cond_correct), ref_cond_correct)
     np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5)
     assert ref_valid.min() > 10
+
+
+def test_rollout_with_tv_and_verify_weights_matches_plain_reference(setup, tiny):
+    """Another loss and the verification-aware weights through the whole rollout: the loss
+    from the plain reference's logits with test_losses' numpy definitions, and the counts'
+    CE still the soft cross-entropy (comparable between runs of different losses)."""
+    tcfg, tw, dcfg, w, vocab = setup
+    batch = packed_batch(np.random.default_rng(1))
+    va = ttt.VocabArrays.from_map(vocab)
+    cfg = ttt.TTTConfig(steps=K, compute_dtype=jnp.float32, loss="tv",
+                        position_weights="verify")
+    sig = ttt.target_signals(tw, tcfg, dcfg, va, batch)
+    ref = torch_signals(tiny[1], batch, vocab, dcfg.aux_layer_ids)
+    w = fit_head(w, dcfg, ref, batch, vocab)
+    loss, counts = jax.jit(lambda w: ttt.rollout(w, dcfg, sig, batch, va, cfg,
+                                                 ttt.valid_counts(batch, K)))(w)
+    record = []
+    reference_loss(w, dcfg, ref, batch, vocab.used_ids, record=record)
+    shape = (K, *np.asarray(batch.tokens).shape)
+    valid, right = np.zeros(shape, bool), np.zeros(shape, bool)
+    tv, ce = np.zeros(shape), np.zeros(shape)
+    for k, b, t, logits, p, in_draft, ok in record:
+        valid[k, b, t], right[k, b, t] = True, ok
+        if in_draft:
+            tv[k, b, t] = test_losses.reference("tv", logits, p)
+            ce[k, b, t] = test_losses.reference("kl", logits, p)
+    n = valid.sum((1, 2))
+    weights = test_losses.reference_weights("verify", 0.8, valid, right)
+    want = sum((weights[k] * tv[k]).sum() / n[k] for k in range(K))
+    geometric = sum(0.8 ** k * tv[k].sum() / n[k] for k in range(K))
+    # the fitted draft is often right, so the weights moved: by 100x the tolerance below
+    assert right.sum() > 20 and abs(want - geometric) > 1e-3 * want
+    np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(counts.ce_sum), ce.sum((1, 2)), rtol=1e-5)
 
 
 def test_causality(setup):

@@ -87,6 +87,22 @@ def test_training_table_renders_what_was_recorded(sglang_export):
     assert "No acceptance measurements were supplied" in text
 
 
+@pytest.mark.parametrize("loss,weights,row", [
+    ("kl", "geometric", "| Loss | forward KL (soft cross-entropy) against the target's "
+     "distribution; step k weighs 0.8^k |"),
+    ("lk-hybrid", "verify", "| Loss | LK hybrid (lambda KL + (1 - lambda) TV, lambda = "
+     "exp(-3 alpha)) against the target's distribution; verification-aware step weights: full "
+     "weight up to the draft's first miss, x0.8 per step after, each position's total as "
+     "0.8^k |"),
+])
+def test_training_table_names_the_loss_and_step_weights(target, tmp_path, loss, weights, row):
+    d = make_draft(target, training={**TRAINING, "loss": loss, "position_weights": weights})
+    text = card.render_card(export_draft(d, "sglang", tmp_path / "e"), "my-org/x")
+    assert row in text
+    assert "| TTT length | 7 steps (training-time test) |" in text
+    assert "position_weights" not in text and "| loss |" not in text
+
+
 def test_absent_training_keys_are_skipped(target, tmp_path):
     d = make_draft(target, training={"epochs": 1})
     text = card.render_card(export_draft(d, "speculators", tmp_path / "v"), "my-org/x")

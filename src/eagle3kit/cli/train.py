@@ -27,6 +27,8 @@ EXAMPLE = """
 eagle3kit train --target HuggingFaceTB/SmolLM2-135M-Instruct --data train.jsonl \\
   --vocab vocab.safetensors --out runs/smollm2 --epochs 3 --batch-size 4 --seq-len 2048 \\
   --eval-data heldout.jsonl
+eagle3kit train --target HuggingFaceTB/SmolLM2-135M-Instruct --data train.jsonl \\
+  --vocab vocab.safetensors --out runs/smollm2-lk --loss lk-hybrid --position-weights verify
 """
 
 
@@ -41,7 +43,19 @@ def train(
     out: Path = typer.Option(..., help="Run directory (checkpoints, metrics, final draft)."),
     eval_data: Path | None = typer.Option(None, help="Held-out token records to evaluate on."),
     ttt_length: int = typer.Option(D.ttt.steps, help="TTT steps K (draft tokens per rollout)."),
-    decay: float = typer.Option(D.ttt.decay, help="Loss weight of step k is decay**k."),
+    decay: float = typer.Option(D.ttt.decay, help="Step weights' decay: step k weighs "
+                                "decay**k (--position-weights geometric), or decays by it per "
+                                "step after the first miss (verify)."),
+    loss: str = typer.Option(D.ttt.loss, help="Loss per position between the target's "
+                             "distribution p and the draft's q over the draft vocab: kl (soft "
+                             "cross-entropy, EAGLE's), tv (1 - alpha, alpha = sum min(p, q) "
+                             "the acceptance rate), nla (-log alpha), lk-hybrid (lambda KL + "
+                             "(1 - lambda) TV, lambda = exp(-3 alpha)) or jsd (Jensen-Shannon). "
+                             "See docs/losses.md."),
+    position_weights: str = typer.Option(D.ttt.position_weights, help="Weight of TTT step k: "
+                                         "geometric (decay**k) or verify (full weight up to "
+                                         "each position's first draft miss, decayed after, "
+                                         "rescaled to geometric's total)."),
     epochs: int = typer.Option(D.epochs, help="Passes over the data."),
     max_steps: int | None = typer.Option(None, help="Stop after this many steps (the LR "
                                          "schedule still spans --epochs; --resume with a "

@@ -34,7 +34,7 @@ class StepCounts:
     correct: Any  # ... where the draft's argmax is the target's
     cond_total: Any  # masked positions whose previous steps were all right
     cond_correct: Any  # ... and this step is right too
-    ce_sum: Any  # summed soft cross-entropy over positions trained on
+    ce_sum: Any  # summed soft cross-entropy over positions trained on, whatever `--loss` is
 
     @staticmethod
     def zeros(steps: int) -> StepCounts:

@@ -17,9 +17,11 @@ no [B, N, T, T] score tensor is ever held: T = 16,384 fits. With `attention="pal
 step-0 keys go through a fused flash kernel instead (core/flash.py), which returns each row's
 log-sum-exp, and the diagonal keys are merged in by log-sum-exp algebra.
 
-Loss: sum_k decay**k * CE_k, CE_k the soft cross-entropy summed over trained positions
-divided by the step's masked-token count (`valid_counts`), so gradient accumulation and data
-parallelism give exactly the full-batch gradient.
+Loss: sum_k sum_t w_k(t) * L_k(t) / n_k, L the per-position loss (`TTTConfig.loss`; the
+default is the soft cross-entropy against p), summed over trained positions, w_k the step's
+weight (`TTTConfig.position_weights`; the default decay**k) and n_k the step's masked-token
+count (`valid_counts`), so gradient accumulation and data parallelism give exactly the
+full-batch gradient. core/losses.py defines each loss and weighting.
 
 Shapes: B rows, T tokens, D hidden, V target vocab, Vd draft vocab, N/Kh heads, H head dim.
 """
@@ -33,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from eagle3kit.core import draft, target
+from eagle3kit.core import draft, losses, target
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.flash import FlashBlocks, flash_attention
 from eagle3kit.core.layers import _MASKED, attend, causal_mask
@@ -77,6 +79,8 @@ class TTTConfig:
     flash_blocks: FlashBlocks | None = None  # the fused kernel's tiles (None: its defaults)
     remat: bool = False  # recompute each whole step in the backward pass (saves memory, ~25%
     # more draft FLOPs); the attention scores are recomputed either way
+    loss: str = "kl"  # per-position loss, a key of losses.LOSSES
+    position_weights: str = "geometric"  # step weights, one of losses.POSITION_WEIGHTS
 
 
 @jax.tree_util.register_dataclass
@@ -237,21 +241,12 @@ def _ttt_attend(q_BxTxNxH, keys, values, segment_ids_BxT, block: int = 512,
     return jnp.concatenate(outs, axis=1).reshape(b, t, n, h)
 
 
-def soft_cross_entropy(logits_BxTxVd: jax.Array, target_p_BxTxVd: jax.Array) -> jax.Array:
-    """-sum_v p log softmax(logits) = lse - sum(p * logits) for a distribution p, in fp32
-    -> [B, T] (rows where p is all zero are masked by the caller).
-
-    Written with the log-sum-exp so XLA fuses it into two reductions over the logits
-    instead of writing a [B, T, Vd] log-softmax.
-    """
-    logits = logits_BxTxVd.astype(jnp.float32)
-    return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(target_p_BxTxVd * logits, axis=-1)
-
-
 def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, target_argmax, valid,
               in_draft, vocab, *, cfg: DraftConfig, k: int, block: int = 512,
-              attention: str = "xla", flash_blocks: FlashBlocks | None = None):
-    """Draft step k: returns (h, new key, new value, masked CE [B,T], correct [B,T]).
+              attention: str = "xla", flash_blocks: FlashBlocks | None = None,
+              loss: str = "kl"):
+    """Draft step k: returns (h, new key, new value, (masked loss [B,T], masked soft CE
+    [B,T]), correct [B,T]); the CE is the loss itself under `loss="kl"`.
 
     Step 0 has no diagonal keys: its attention is plain causal attention, which runs through
     `layers.attend` (cuDNN flash attention when `attention="cudnn"`); `attention="pallas"`
@@ -274,10 +269,12 @@ def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, targe
         logits = draft.head(w, cfg, h)  # B,T,Vd in the compute dtype
         with jax.named_scope("loss"):
             train = valid & _shift(in_draft, 1 + k)
-            ce = soft_cross_entropy(logits, _shift(probs, 1 + k)) * train
+            p_k = _shift(probs, 1 + k)
+            ce = losses.soft_cross_entropy(logits, p_k) * train
+            trained = ce if loss == "kl" else losses.per_position_loss(loss, logits, p_k) * train
             predicted = vocab.draft_to_target[jnp.argmax(logits, axis=-1)]
             correct = valid & (predicted == _shift(target_argmax, 1 + k))
-    return h, key, value, ce, correct
+    return h, key, value, (trained, ce), correct
 
 
 def rollout(w: draft.DraftWeights, cfg: DraftConfig, sig: TargetSignals, batch: Batch,
@@ -289,23 +286,25 @@ def rollout(w: draft.DraftWeights, cfg: DraftConfig, sig: TargetSignals, batch: 
     valid = valid_masks(batch, ttt.steps)
     hidden = draft.fuse(w, cfg, sig.aux_BxTxA.astype(ttt.compute_dtype))
     embeds = sig.embeds_BxTxD.astype(ttt.compute_dtype)
-    keys, values, ces, corrects = [], [], [], []
-    loss = jnp.zeros((), jnp.float32)
+    keys, values, trained, ces, corrects = [], [], [], [], []
     for k in range(ttt.steps):
         step = functools.partial(_one_step, cfg=cfg, k=k, block=ttt.attention_block,
-                                 attention=ttt.attention, flash_blocks=ttt.flash_blocks)
+                                 attention=ttt.attention, flash_blocks=ttt.flash_blocks,
+                                 loss=ttt.loss)
         if ttt.remat:  # keeps one step's activations alive in the backward pass, not K
             step = jax.checkpoint(step)
-        hidden, key, value, ce, correct = step(
+        hidden, key, value, (loss_k, ce), correct = step(
             w, hidden, _shift(embeds, 1 + k), batch.positions + k, keys, values,
             batch.segment_ids,
             sig.probs_BxTxVd, sig.argmax_BxT, valid[k], sig.in_draft_BxT, vocab)
         keys.append(key)
         values.append(value)
+        trained.append(loss_k)
         ces.append(ce)
         corrects.append(correct)
-        loss = loss + (ttt.decay ** k) * ce.sum() / jnp.maximum(denominators_K[k], 1.0)
-    return loss, step_counts(valid, corrects, ces)
+    weights = losses.position_weights(ttt.position_weights, ttt.decay, valid, corrects)
+    return losses.weighted_loss(trained, weights, denominators_K), step_counts(valid, corrects,
+                                                                               ces)
 
 
 def loss_fn(params: draft.DraftWeights, target_w: target.TargetWeights, batch: Batch,

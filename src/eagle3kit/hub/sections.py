@@ -23,10 +23,18 @@ if TYPE_CHECKING:
 _FOLDED = {"epochs", "lr", "batch_size", "seq_len", "grad_accum", "ttt_length", "warmup_ratio",
            "dtype", "mesh", "devices", "device_kind", "steps", "wall_time_s", "data_records",
            "data_tokens", "data", "optimizer", "schedule", "b1", "b2", "weight_decay",
-           "clip_norm", "min_lr_ratio", "decay", "target_dtype", "eval_data", "init_from"}
+           "clip_norm", "min_lr_ratio", "decay", "target_dtype", "eval_data", "init_from",
+           "loss", "position_weights"}
 _OPERATIONAL = {"out", "vocab", "target", "resume", "save_every", "keep_checkpoints",
                 "log_every", "eval_every", "attention", "max_steps", "aux_layer_ids",
                 "coordinator", "num_processes", "process_id", "time_limit", "track"}
+
+
+# `train --loss` names as a reader meets them (docs/losses.md defines each)
+_LOSSES = {"kl": "forward KL (soft cross-entropy)", "tv": "total variation (1 - alpha)",
+           "nla": "negative log-acceptance (-log alpha)",
+           "lk-hybrid": "LK hybrid (lambda KL + (1 - lambda) TV, lambda = exp(-3 alpha))",
+           "jsd": "Jensen-Shannon divergence"}
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
@@ -200,8 +208,10 @@ def _training_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
     batch += [f"gradient accumulation {t['grad_accum']}"] if _present(t, "grad_accum") else []
     add("Batch", ", ".join(batch))
     if _present(t, "ttt_length"):
-        weights = f", loss weight {t['decay']:g}^k" if _present(t, "decay") else ""
+        weights = (f", loss weight {t['decay']:g}^k" if _present(t, "decay")
+                   and not _present(t, "loss") else "")
         add("TTT length", f"{t['ttt_length']} steps (training-time test{weights})")
+    add("Loss", _loss(t) if _present(t, "loss") else None)
     precision = [f"draft {t['dtype']} (fp32 master weights)"] if _present(t, "dtype") else []
     precision += [f"target {t['target_dtype']}"] if _present(t, "target_dtype") else []
     add("Precision", ", ".join(precision))
@@ -211,6 +221,18 @@ def _training_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
         if t[key] is not None and len(_num(t[key])) <= 80:
             add(key, _num(t[key]))
     return rows
+
+
+def _loss(t: dict[str, Any]) -> str:
+    """The loss per position and the weights of the TTT steps, as `train` recorded them."""
+    text = _LOSSES.get(str(t["loss"]), _num(t["loss"])) + " against the target's distribution"
+    weights, decay = t.get("position_weights", "geometric"), t.get("decay")
+    if weights == "geometric" and decay is not None:
+        return text + f"; step k weighs {decay:g}^k"
+    if weights == "verify" and decay is not None:
+        return (text + "; verification-aware step weights: full weight up to the draft's "
+                f"first miss, x{decay:g} per step after, each position's total as {decay:g}^k")
+    return text + f"; step weights {_num(weights)}"
 
 
 def training(c: CardInputs) -> str:

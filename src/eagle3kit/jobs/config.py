@@ -23,18 +23,24 @@ from eagle3kit.io import dtypes
 
 COMPUTE_DTYPES = dtypes.COMPUTE  # names of --dtype / --target-dtype
 ATTENTION = ("auto", "xla", "cudnn", "pallas")  # attention kernels (core.layers.resolve_attention)
+LOSSES = ("kl", "tv", "nla", "lk-hybrid", "jsd")  # --loss (core/losses.py, docs/losses.md)
+POSITION_WEIGHTS = ("geometric", "verify")  # --position-weights (core/losses.py)
 
 
 @dataclasses.dataclass(frozen=True)
 class TTTSettings:
-    """Training-time test: K draft steps per rollout, loss weight decay**k at step k."""
+    """Training-time test: K draft steps per rollout, the loss per position, and the weight
+    of step k (geometric: decay**k; verify: decay after the first miss, docs/losses.md)."""
 
     steps: int = 7  # K (--ttt-length); also `eval --steps` for drafts that do not record it
     decay: float = 0.8
+    loss: str = "kl"
+    position_weights: str = "geometric"
 
 
 # flat option name -> (part, field) of the nested parts; every other option is a top field
-_NESTED = {"ttt_length": ("ttt", "steps"), "decay": ("ttt", "decay"),
+_NESTED = {"ttt_length": ("ttt", "steps"), "decay": ("ttt", "decay"), "loss": ("ttt", "loss"),
+           "position_weights": ("ttt", "position_weights"),
            **{f.name: ("optim", f.name) for f in dataclasses.fields(OptimConfig)
               if f.name != "total_steps"}}  # total_steps is derived from the data
 
@@ -132,7 +138,9 @@ def _validate(c: TrainConfig) -> None:
     for name, value in (("--dtype", c.dtype), ("--target-dtype", c.target_dtype)):
         if value not in COMPUTE_DTYPES:  # the command line canonicalises aliases (bf16)
             dtypes.dtype_name(value, COMPUTE_DTYPES, name)
-    if c.arch not in ARCHES:
-        raise UserError(f"--arch {c.arch!r}: choose {', '.join(ARCHES)}")
-    if c.attention not in ATTENTION:
-        raise UserError(f"--attention {c.attention!r}: choose {', '.join(ATTENTION)}")
+    for name, value, choices in (("--arch", c.arch, tuple(ARCHES)),
+                                 ("--attention", c.attention, ATTENTION),
+                                 ("--loss", t.loss, LOSSES),
+                                 ("--position-weights", t.position_weights, POSITION_WEIGHTS)):
+        if value not in choices:
+            raise UserError(f"{name} {value!r}: choose {', '.join(choices)}")

@@ -43,7 +43,7 @@ from eagle3kit.io.atomic import atomic_path
 from eagle3kit.io.draft_io import Draft, save_draft
 from eagle3kit.io.hf import load_target, resolve_target
 from eagle3kit.jobs import common
-from eagle3kit.jobs.config import TrainConfig
+from eagle3kit.jobs.config import TrainConfig, defaults
 from eagle3kit.jobs.preempt import Preempted, Preemption
 from eagle3kit.jobs.progress import TrainProgress
 from eagle3kit.jobs.tracking import MetricsLog
@@ -62,10 +62,11 @@ def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
             raise UserError(f"{out} already holds a run; pass --resume to continue it or "
                             "choose another --out")
         old = json.loads(recorded.read_text())
+        before = {**defaults().to_json(), **old["config"]}  # a key added since: its default
         for key, value in cfg.to_json().items():
-            if key not in _RESUMABLE and old["config"].get(key) != value:
+            if key not in _RESUMABLE and before.get(key) != value:
                 raise MismatchError(f"--{key.replace('_', '-')} is {value!r} but the run was "
-                                    f"started with {old['config'].get(key)!r}", path=recorded)
+                                    f"started with {before.get(key)!r}", path=recorded)
         for key, value in fingerprints.items():
             if old["fingerprints"].get(key) != value:
                 raise MismatchError(f"the {key} changed since the run started "
@@ -131,7 +132,8 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     total_steps = min(planned_steps, cfg.max_steps or planned_steps)
     ttt_cfg = ttt.TTTConfig(cfg.ttt.steps, cfg.ttt.decay, common.DTYPES[cfg.dtype],
                             resolve_attention(cfg.attention, common.DTYPES[cfg.target_dtype],
-                                              common.DTYPES[cfg.dtype]))
+                                              common.DTYPES[cfg.dtype]),
+                            loss=cfg.ttt.loss, position_weights=cfg.ttt.position_weights)
     trainer = Trainer(tcfg, setup.dcfg, ttt_cfg,
                       dataclasses.replace(cfg.optim, total_steps=planned_steps), mesh)
     # per-layer arrays: the scan over stacked layers would copy each layer's weights per step
