@@ -69,14 +69,14 @@ def make_draft(t: Target, *, aux_layer_ids=None, draft_vocab: int = 40, seed: in
     rng = np.random.default_rng(seed)
     abstract = draft.DraftWeights.abstract(cfg)
     values = {}
-    for name, info in draft.arrays(abstract).items():
+    for field, info in draft.arrays(abstract).items():
         shape = info.shape
-        if len(shape) == 1 or name == "fc_norm":  # norms: around one, perturbed so a
+        if len(shape) == 1 or field == "fc_norm":  # norms: around one, perturbed so a
             # swapped norm cannot pass
-            values[name] = 1 + 0.3 * rng.standard_normal(shape)
+            values[field] = 1 + 0.3 * rng.standard_normal(shape)
         else:
-            fan_in = shape[0] * (shape[1] if name == "o" else 1)
-            values[name] = rng.standard_normal(shape) / np.sqrt(fan_in)
+            fan_in = shape[0] * (shape[1] if field == "o" else 1)
+            values[field] = rng.standard_normal(shape) / np.sqrt(fan_in)
     w = draft.DraftWeights(**{k: v.astype(np.float32) for k, v in values.items()})
     used = rng.choice(cfg.vocab_size, draft_vocab, replace=False)
     vocab = VocabMap.from_ids(used, cfg.vocab_size)
