@@ -323,14 +323,14 @@ def by_source(out: list[RegeneratedRecord]) -> dict[str, list[RegeneratedRecord]
 def test_samples_are_distinct_answers_with_traceable_ids_and_reproducible_seeds(target, chats):
     from eagle3kit.jobs.regenerate import request_seed
 
-    one = records(regenerate("--target", target, *SAMPLED, "--limit", 4,
+    one = records(regenerate("--target", target, *SAMPLED, "--limit", 3,
                              input=chats.read_bytes()).stdout_bytes)
-    r = regenerate("--target", target, *SAMPLED, "--limit", 4, "--samples", 3,
+    r = regenerate("--target", target, *SAMPLED, "--limit", 3, "--samples", 3,
                    input=chats.read_bytes())
     assert r.exit_code == 0, r.output
     three = records(r.stdout_bytes)
     assert [x.id for x in three] == [f"{x.id}#s{k}" for x in one for k in range(3)]
-    assert "(3 samples each): 9 written" in r.output or len(one) != 3
+    assert f"(3 samples each): {3 * len(one)} written" in r.output
     for x, group in zip(one, by_source(three).values(), strict=True):
         assert [s.generation.sample for s in group] == [0, 1, 2]
         assert all(s.generation.samples == 3 and s.source == x.source for s in group)
@@ -341,18 +341,15 @@ def test_samples_are_distinct_answers_with_traceable_ids_and_reproducible_seeds(
         for k, s in enumerate(group):
             assert [t.seed for t in s.generation.turns] == [
                 request_seed(x.id, 0, j, k) for j in range(len(s.generation.turns))]
-    again = regenerate("--target", target, *SAMPLED, "--limit", 4, "--samples", 3,
+    again = regenerate("--target", target, *SAMPLED, "--limit", 3, "--samples", 3,
                        input=chats.read_bytes())
     assert again.stdout_bytes == r.stdout_bytes  # the same seeds, the same streams
-    other = records(regenerate("--target", target, *SAMPLED, "--limit", 4, "--samples", 3,
-                               "--seed", 1, input=chats.read_bytes()).stdout_bytes)
-    assert [x.id for x in other] == [x.id for x in three]
-    assert sum(a.messages != b.messages for a, b in zip(other, three, strict=True)) >= 8
 
 
 def test_shards_and_resume_with_samples_give_the_unsharded_run(target, chats, tmp_path):
     full = tmp_path / "full.jsonl"
-    args = ["--target", target, *SAMPLED, "--samples", 2, "--limit", 5, "-i", chats]
+    args = ["--target", target, *SAMPLED, "--samples", 2, "--limit", 5, "--turns", "first",
+            "-i", chats]
     r = regenerate(*args, "-o", full)
     assert r.exit_code == 0, r.output
     lines = full.read_bytes().splitlines(keepends=True)
@@ -369,8 +366,7 @@ def test_shards_and_resume_with_samples_give_the_unsharded_run(target, chats, tm
     r = regenerate(*args, "-o", part, "--resume")
     assert r.exit_code == 0 and "3 already in the output" in r.output, r.output
     assert part.read_bytes() == full.read_bytes()
-    r = regenerate("--target", target, *SAMPLED, "--samples", 3, "--limit", 5, "-i", chats,
-                   "-o", part, "--resume")
+    r = regenerate(*args[:-2], "--samples", 3, "-i", chats, "-o", part, "--resume")
     assert r.exit_code == 3 and "samples 2 -> 3" in r.output
 
 
