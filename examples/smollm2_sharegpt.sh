@@ -6,16 +6,30 @@
 #
 #   examples/smollm2_sharegpt.sh                  # the full recipe on a GPU/TPU
 #   QUICK=1 examples/smollm2_sharegpt.sh          # a few-minute CPU run of the same pipeline
+#   VERSION=v2 examples/smollm2_sharegpt.sh       # v2: trained on the target's own answers
 #
-# Knobs (environment): OUT, RECORDS (-n of mix; default all), EPOCHS, MAX_STEPS, SEQ_LEN,
-# BATCH, GRAD_ACCUM, TTT, VOCAB_SIZE, MESH, PROMPT_LIMIT, NEW_TOKENS, EXTRA_TRAIN_ARGS,
-# STOP_AFTER (data | train), E3K (how to call eagle3kit), TARGET, SHAREGPT.
+# v2 regenerates the conversations with the target first (`eagle3kit regenerate`): every 50th
+# conversation is held out before that (no sample of it is trained on), the rest get SAMPLES
+# sampled answers each (SmolLM2's greedy answers loop, so sampling: REGEN_ARGS), answers that
+# still loop are dropped with what follows them (--on-repetition drop-answer); then tokenize,
+# vocab-select, train and evaluate as v1, on the regenerated held-out answers (and, in
+# eval-heldout-orig.json, on the original ones).
+#
+# Knobs (environment): VERSION (v1 | v2), OUT, RECORDS (-n of mix; default all), EPOCHS,
+# MAX_STEPS, SEQ_LEN, BATCH, GRAD_ACCUM, TTT, VOCAB_SIZE, MESH, PROMPT_LIMIT, NEW_TOKENS,
+# EXTRA_TRAIN_ARGS, STOP_AFTER (data | train), E3K (how to call eagle3kit), TARGET, SHAREGPT;
+# v2: SAMPLES, REGEN_NEW_TOKENS, REGEN_SLOTS, REGEN_ARGS (sampling and repetition settings).
 set -euo pipefail
 
 E3K=${E3K:-eagle3kit}
 PY=${PY:-python3}
-OUT=${OUT:-runs/smollm2-sharegpt}
+VERSION=${VERSION:-v1}
+case "$VERSION" in v1) OUT=${OUT:-runs/smollm2-sharegpt} ;; v2) OUT=${OUT:-runs/smollm2-sharegpt-v2} ;;
+  *) echo "VERSION=$VERSION: choose v1 or v2" >&2; exit 2 ;; esac
 if [ "${QUICK:-0}" = 1 ]; then
+  # v2 on a CPU: the first turns of 100 conversations, 48 new tokens each
+  [ "$VERSION" = v2 ] && : "${RECORDS:=100}" "${REGEN_NEW_TOKENS:=48}" "${REGEN_SLOTS:=32}" \
+    "${REGEN_TURNS:=first}"
   : "${RECORDS:=400}" "${EPOCHS:=1}" "${MAX_STEPS:=40}" "${SEQ_LEN:=256}" "${BATCH:=4}"
   : "${TTT:=3}" "${VOCAB_SIZE:=4096}" "${PROMPT_LIMIT:=3}" "${NEW_TOKENS:=32}"
   : "${DTYPE:=float32}" "${MESH:=data=1,tensor=1}"
@@ -34,15 +48,38 @@ mkdir -p "$OUT"
 
 # 1. data: normalise, render with the chat template, hold out every 50th conversation (2%).
 #    Each output is written atomically, so an existing file is complete and is kept.
-if [ ! -f "$OUT/tokens.jsonl" ]; then
-  $E3K mix "$SHAREGPT" ${RECORDS:+-n "$RECORDS"} --seed 0 \
-    | $E3K tokenize --tokenizer "$TARGET" --max-length "$SEQ_LEN" -o "$OUT/tokens.jsonl"
-fi
-[ -f "$OUT/train.jsonl" ] || {
-  awk 'NR % 50 == 0' "$OUT/tokens.jsonl" > "$OUT/heldout.jsonl.tmp"
-  awk 'NR % 50 != 0' "$OUT/tokens.jsonl" > "$OUT/train.jsonl.tmp"
-  mv "$OUT/heldout.jsonl.tmp" "$OUT/heldout.jsonl"; mv "$OUT/train.jsonl.tmp" "$OUT/train.jsonl"
+hold_out() {  # $1 -> $2 (every 50th line) and $3 (the others)
+  awk 'NR % 50 == 0' "$1" > "$2.tmp"; awk 'NR % 50 != 0' "$1" > "$3.tmp"
+  mv "$2.tmp" "$2"; mv "$3.tmp" "$3"
 }
+if [ "$VERSION" = v1 ]; then
+  if [ ! -f "$OUT/tokens.jsonl" ]; then
+    $E3K mix "$SHAREGPT" ${RECORDS:+-n "$RECORDS"} --seed 0 \
+      | $E3K tokenize --tokenizer "$TARGET" --max-length "$SEQ_LEN" -o "$OUT/tokens.jsonl"
+  fi
+  [ -f "$OUT/train.jsonl" ] || hold_out "$OUT/tokens.jsonl" "$OUT/heldout.jsonl" "$OUT/train.jsonl"
+else
+  : "${SAMPLES:=2}" "${REGEN_NEW_TOKENS:=1024}" "${REGEN_SLOTS:=512}" "${REGEN_TURNS:=all}"
+  : "${REGEN_ARGS:=--temperature 0.7 --top-p 0.9 --on-repetition drop-answer}"
+  [ -f "$OUT/chats.jsonl" ] || $E3K mix "$SHAREGPT" ${RECORDS:+-n "$RECORDS"} --seed 0 -o "$OUT/chats.jsonl"
+  [ -f "$OUT/train-chats.jsonl" ] ||
+    hold_out "$OUT/chats.jsonl" "$OUT/heldout-chats.jsonl" "$OUT/train-chats.jsonl"
+  regenerate() {  # $1 -> $2, resumable: written to $2.partial, renamed when complete
+    [ -f "$2" ] && return
+    local resume=""
+    [ -s "$2.partial" ] && resume=--resume
+    $E3K regenerate --target "$TARGET" -i "$1" -o "$2.partial" $resume $REGEN_ARGS \
+      --max-new-tokens "$REGEN_NEW_TOKENS" --max-context "$SEQ_LEN" --turns "$REGEN_TURNS" \
+      --slots "$REGEN_SLOTS" --target-dtype "$DTYPE" ${MESH:+--mesh "$MESH"} "${@:3}"
+    mv "$2.partial" "$2"
+  }
+  regenerate "$OUT/train-chats.jsonl" "$OUT/regen-train.jsonl" --samples "$SAMPLES"
+  regenerate "$OUT/heldout-chats.jsonl" "$OUT/regen-heldout.jsonl"
+  for f in train:regen-train heldout:regen-heldout heldout-orig:heldout-chats; do
+    [ -f "$OUT/${f%%:*}.jsonl" ] || $E3K tokenize --tokenizer "$TARGET" --max-length "$SEQ_LEN" \
+      -i "$OUT/${f#*:}.jsonl" -o "$OUT/${f%%:*}.jsonl"
+  done
+fi
 [ -f "$OUT/vocab.safetensors" ] ||
   $E3K vocab-select --size "$VOCAB_SIZE" -i "$OUT/train.jsonl" -o "$OUT/vocab.safetensors"
 [ "${STOP_AFTER:-}" = data ] && exit 0
@@ -62,6 +99,9 @@ fi
 # 3. evaluate: teacher-forced on the held-out 2%, then speculative decoding on MT-bench
 $E3K eval --target "$TARGET" --draft "$OUT/run/final" --data "$OUT/heldout.jsonl" \
   --seq-len "$SEQ_LEN" --dtype "$DTYPE" ${MESH:+--mesh "$MESH"} --json > "$OUT/eval-heldout.json"
+[ "$VERSION" = v1 ] || $E3K eval --target "$TARGET" --draft "$OUT/run/final" \
+  --data "$OUT/heldout-orig.jsonl" --seq-len "$SEQ_LEN" --dtype "$DTYPE" ${MESH:+--mesh "$MESH"} \
+  --json > "$OUT/eval-heldout-orig.json"
 $E3K eval --target "$TARGET" --draft "$OUT/run/final" --prompts mt-bench --steps "$TTT" \
   --max-new-tokens "$NEW_TOKENS" ${PROMPT_LIMIT:+--limit "$PROMPT_LIMIT"} --dtype "$DTYPE" \
   --target-dtype "$DTYPE" --samples "$OUT/mtbench-samples.jsonl" \
@@ -71,6 +111,6 @@ $E3K eval --target "$TARGET" --draft "$OUT/run/final" --prompts mt-bench --steps
 $E3K convert "$OUT/run/final" --to sglang -o "$OUT/export/sglang" --force --target-name "$TARGET_NAME"
 $E3K convert "$OUT/run/final" --to speculators -o "$OUT/export/speculators" --force \
   --target-name "$TARGET_NAME" --speculative-tokens "$TTT"
-$E3K push "$OUT/export/sglang" --repo-id "local/SmolLM2-135M-Instruct-Eagle3" --dry-run \
+$E3K push "$OUT/export/sglang" --repo-id "local/SmolLM2-135M-Instruct-Eagle3$([ "$VERSION" = v1 ] || echo "-$VERSION")" --dry-run \
   --eval "$OUT/eval-heldout.json" --eval "$OUT/eval-mtbench.json"
 echo "done: draft in $OUT/run/final, exports in $OUT/export, results in $OUT/eval-*.json" >&2

@@ -388,3 +388,131 @@ def test_endpoint_records_reach_the_file_as_they_finish_and_survive_sigkill(tmp_
         r = endpoint_run(server.url, data, "-o", out, "--resume")
     assert r.exit_code == 0, r.output
     assert out.read_bytes() == full.stdout_bytes
+
+
+# ---- several samples per conversation, sampling settings, repetition -------------------------
+
+# the tiny random model's greedy answers repeat one token from the start; sampled among its two
+# most probable tokens, some answers fall into a loop of the rule below and some do not
+SAMPLED = [*COMMON, "--temperature", "1", "--top-k", "2", "--slots", "8", "--sync-every", "12"]
+LOOPS = ["--repeat-copies", "3", "--repeat-min-tokens", "5", "--repeat-max-block", "2"]
+
+
+def made(out: list[RegeneratedRecord]) -> list[tuple]:
+    """What was generated, without the settings."""
+    return [(x.id, x.messages, x.generation.turns) for x in out]
+
+
+def by_source(out: list[RegeneratedRecord]) -> dict[str, list[RegeneratedRecord]]:
+    groups = collections.defaultdict(list)
+    for r in out:
+        groups[r.id.rsplit("#s", 1)[0]].append(r)
+    return groups
+
+
+def test_samples_are_distinct_answers_with_traceable_ids_and_reproducible_seeds(target, chats):
+    from eagle3kit.jobs.regenerate import request_seed
+
+    one = records(regenerate("--target", target, *SAMPLED, "--limit", 3,
+                             input=chats.read_bytes()).stdout_bytes)
+    r = regenerate("--target", target, *SAMPLED, "--limit", 3, "--samples", 3,
+                   input=chats.read_bytes())
+    assert r.exit_code == 0, r.output
+    three = records(r.stdout_bytes)
+    assert [x.id for x in three] == [f"{x.id}#s{k}" for x in one for k in range(3)]
+    assert f"(3 samples each): {3 * len(one)} written" in r.output
+    for x, group in zip(one, by_source(three).values(), strict=True):
+        assert [s.generation.sample for s in group] == [0, 1, 2]
+        assert all(s.generation.samples == 3 and s.source == x.source for s in group)
+        # sample 0 is the one-sample run's answer (the same seeds give the same streams, in
+        # another batch), the others are new ones
+        assert (group[0].messages, group[0].generation.turns) == (x.messages,
+                                                                 x.generation.turns)
+        assert len({tuple(s.messages) for s in group}) == 3
+        for k, s in enumerate(group):
+            assert [t.seed for t in s.generation.turns] == [
+                request_seed(x.id, 0, j, k) for j in range(len(s.generation.turns))]
+
+
+def test_shards_and_resume_with_samples_give_the_unsharded_run(target, chats, tmp_path):
+    full = tmp_path / "full.jsonl"
+    args = ["--target", target, *SAMPLED, "--samples", 2, "--limit", 5, "--turns", "first",
+            "-i", chats]
+    r = regenerate(*args, "-o", full)
+    assert r.exit_code == 0, r.output
+    lines = full.read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 8
+    shards = []
+    for i in range(2):
+        out = tmp_path / f"shard{i}.jsonl"
+        assert regenerate(*args, "--shard", f"{i}/2", "-o", out).exit_code == 0
+        shards.append(out.read_bytes())
+    assert shards[0] and shards[1] and b"".join(shards) == full.read_bytes()
+    # killed after three records (the third a sample #s0 or #s1), a torn fourth
+    part = tmp_path / "part.jsonl"
+    part.write_bytes(b"".join(lines[:3]) + lines[3][:25])
+    r = regenerate(*args, "-o", part, "--resume")
+    assert r.exit_code == 0 and "3 already in the output" in r.output, r.output
+    assert part.read_bytes() == full.read_bytes()
+    r = regenerate(*args[:-2], "--samples", 3, "-i", chats, "-o", part, "--resume")
+    assert r.exit_code == 3 and "samples 2 -> 3" in r.output
+
+
+def test_a_loop_is_its_own_finish_reason_kept_or_dropped(target, chats):
+    run = ["--target", target, *SAMPLED, *LOOPS, "--limit", 6]
+    r = regenerate(*run, input=chats.read_bytes())
+    assert r.exit_code == 0, r.output
+    kept = records(r.stdout_bytes)
+    reasons = collections.Counter(t.finish_reason for x in kept for t in x.generation.turns)
+    assert reasons["repetition"] >= 3 and reasons["length"] >= 3, reasons
+    assert f"{reasons['repetition']} repetition" in r.output  # the summary counts them
+    assert all(t.new_tokens < 12 for x in kept for t in x.generation.turns
+               if t.finish_reason == "repetition")
+    assert kept[0].generation.repetition.copies == 3
+    # unchecked: the same streams run to the limit
+    free = records(regenerate("--target", target, *SAMPLED, "--limit", 6,
+                              input=chats.read_bytes()).stdout_bytes)
+    assert all(t.finish_reason != "repetition" for x in free for t in x.generation.turns)
+    assert free[0].generation.repetition.copies == 3  # the default rule, no loop within 12
+    for a, b in zip(kept, free, strict=True):
+        first = a.generation.turns[0]
+        if first.finish_reason != "repetition":
+            assert a.messages[:2] == b.messages[:2] and a.generation.turns[0] == \
+                b.generation.turns[0]
+
+    def looped(x):
+        return next((j for j, t in enumerate(x.generation.turns)
+                     if t.finish_reason == "repetition"), None)
+
+    r = regenerate(*run, "--on-repetition", "drop-conversation", input=chats.read_bytes())
+    assert made(records(r.stdout_bytes)) == made([x for x in kept if looped(x) is None])
+    n = sum(looped(x) is not None for x in kept)
+    assert f"{n} a looping answer (--on-repetition drop-conversation)" in r.output
+    # drop-answer: each conversation ends before its first looping answer
+    r = regenerate(*run, "--on-repetition", "drop-answer", input=chats.read_bytes())
+    want = []
+    for x in kept:
+        j = looped(x)
+        if j is None:
+            want += made([x])
+        elif j > 0:
+            answers = [i for i, m in enumerate(x.messages) if m.role == "assistant"]
+            want.append((x.id, x.messages[: answers[j - 1] + 1], x.generation.turns[:j]))
+    assert made(records(r.stdout_bytes)) == want
+    assert "a looping answer dropped (--on-repetition drop-answer)" in r.output
+
+
+def test_bad_sampling_and_repetition_options_get_one_line(target, chats, tmp_path):
+    out = tmp_path / "x.jsonl"
+    for args, words in ((["--samples", "0"], "--samples 0"),
+                        (["--samples", "-2"], "--samples -2"),
+                        (["--samples", "2"], "--temperature"),
+                        (["--top-k", "-1"], "--top-k"),
+                        (["--on-repetition", "skip"], "--on-repetition"),
+                        (["--repeat-copies", "1"], "--repeat-copies"),
+                        (["--endpoint", "http://127.0.0.1:9", "--on-repetition",
+                          "drop-answer"], "--on-repetition")):
+        r = regenerate("--target", target, *COMMON, "-i", chats, "-o", out, *args)
+        assert r.exit_code == 2 and words in r.output, (args, r.output)
+        assert r.output.strip().startswith("error:") and len(r.output.strip().splitlines()) == 1
+        assert not out.exists()

@@ -17,6 +17,7 @@ import pytest
 
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling, sample
+from eagle3kit.decode.repetition import Repetition
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
 from tests.decode.hf_reference import greedy_divergence, hf_greedy, repeat_zscores
@@ -51,9 +52,9 @@ def tiny(request):
 
 
 def run(ckpt, w, mesh, prompts, rows, new=NEW, stops=(), sampling=Sampling(), limits=None,
-        seeds=None):
-    cfg = EngineConfig(rows=rows, max_context=256, sync_every=8, prefill_chunk=32,
-                       sampling=sampling)
+        seeds=None, sync_every=8, repetition=None):
+    cfg = EngineConfig(rows=rows, max_context=256, sync_every=sync_every, prefill_chunk=32,
+                       sampling=sampling, repetition=repetition)
     engine = Engine(ckpt.config, w, mesh, list(stops), cfg)
     limits = limits or [new] * len(prompts)
     seeds = seeds or list(range(len(prompts)))
@@ -130,6 +131,23 @@ def test_a_stop_token_ends_a_row_and_is_kept(llama):
     assert one.tokens == free[:1] and one.finish_reason == "length"
 
 
+def test_a_loop_ends_at_the_token_that_completes_it_whatever_the_sync(llama):
+    """The tiny model's greedy rows fall into loops. With a repetition rule each answer ends
+    where the rule, checked after every token, says (finish reason "repetition"), whether
+    the host syncs after every step or every 8; freed rows are refilled with the right
+    tokens (8 prompts on 4 rows)."""
+    family, model, ckpt, w, mesh, prompts = llama
+    rule = Repetition(copies=3, min_tokens=16, max_block=6)
+    free = run(ckpt, w, mesh, prompts, rows=4)
+    want = [rule.first(c.tokens) for c in free]
+    assert 3 <= sum(n is not None for n in want) < len(want) - 1, want
+    for sync in (1, 8):
+        got = run(ckpt, w, mesh, prompts, rows=4, sync_every=sync, repetition=rule)
+        for c, f, n in zip(got, free, want, strict=True):
+            assert c.tokens == f.tokens[:n], (sync, n)
+            assert c.finish_reason == ("length" if n is None else "repetition")
+
+
 def test_data_and_tensor_parallel_rows_give_the_same_tokens(llama):
     """Rows split over data=2 (and heads over tensor=2): the same greedy tokens."""
     family, model, ckpt, w, mesh, prompts = llama
@@ -140,23 +158,26 @@ def test_data_and_tensor_parallel_rows_give_the_same_tokens(llama):
     assert [c.tokens for c in run(ckpt, w2, split, prompts, rows=4, new=16)] == ref
 
 
-def test_sample_follows_the_nucleus():
-    """Draws from `sample` match softmax(logits / T) renormalised over the top-p nucleus
-    (chi-square), and never leave it."""
+@pytest.mark.parametrize("top_p,top_k,kept", [(0.8, 0, 5), (1.0, 4, 4), (0.9, 5, 4)])
+def test_sample_follows_the_nucleus(top_p, top_k, kept):
+    """Draws from `sample` match softmax(logits / T) renormalised over the top_k most
+    probable tokens, then over the top-p nucleus of those (chi-square), and never leave
+    them."""
     from scipy import stats
 
     logits = jnp.asarray(np.random.default_rng(3).normal(size=(1, 12)), jnp.float32)
-    n, t, top_p = 40000, 1.5, 0.8
+    n, t = 40000, 1.5
     keys = jax.random.split(jax.random.key(0), n)
     draws = np.asarray(jax.jit(jax.vmap(
-        lambda k: sample(logits, k[None], Sampling(t, top_p))[0]))(keys))
+        lambda k: sample(logits, k[None], Sampling(t, top_p, top_k))[0]))(keys))
     p = np.asarray(jax.nn.softmax(logits[0] / t), np.float64)
-    order = np.argsort(-p)
-    keep = order[: np.searchsorted(np.cumsum(p[order]), top_p) + 1]
+    order = np.argsort(-p)[: top_k or None]
+    ranked = p[order] / p[order].sum()
+    keep = order if top_p == 1 else order[: np.searchsorted(np.cumsum(ranked), top_p) + 1]
     q = np.zeros_like(p)
     q[keep] = p[keep] / p[keep].sum()
     counts = np.bincount(draws, minlength=12)
-    assert 3 <= len(keep) < 12 and counts[q == 0].sum() == 0
+    assert len(keep) == kept and counts[q == 0].sum() == 0
     chi2 = stats.chisquare(counts[keep], n * q[keep])
     assert chi2.pvalue > 1e-3, chi2
     greedy = sample(logits, jax.random.split(jax.random.key(0), 1), Sampling())

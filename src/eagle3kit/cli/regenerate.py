@@ -9,8 +9,10 @@ from eagle3kit.cli._params import Mesh, Seed, Target, TargetDtype
 
 EXAMPLE = """
 eagle3kit mix sharegpt.json -n 2000 --seed 0 \\
-  | eagle3kit regenerate --target HuggingFaceTB/SmolLM2-135M-Instruct --max-new-tokens 1024 \\
+  | eagle3kit regenerate --target meta-llama/Llama-3.1-8B-Instruct --max-new-tokens 1024 \\
       -o regenerated.jsonl
+eagle3kit regenerate --target HuggingFaceTB/SmolLM2-135M-Instruct -i mixed.jsonl \\
+  --temperature 0.7 --top-p 0.9 --samples 2 --on-repetition drop-answer -o regenerated.jsonl
 eagle3kit regenerate --target HuggingFaceTB/SmolLM2-135M-Instruct -i mixed.jsonl \\
   -o regenerated.jsonl --resume
 eagle3kit regenerate --target Qwen/Qwen3-8B --no-thinking --endpoint http://127.0.0.1:30000 \\
@@ -27,9 +29,16 @@ def regenerate(
                             "`tokenize` reads); '-' = stdout. Written as conversations finish, "
                             "in input order."),
     temperature: float = typer.Option(0.0, help="0 is greedy (what the peers recommend for "
-                                      "draft data); above 0, sampling."),
+                                      "draft data from 8B targets); above 0, sampling. Small "
+                                      "targets whose greedy answers loop (SmolLM2-135M): 0.7 "
+                                      "with --top-p 0.9."),
     top_p: float = typer.Option(1.0, "--top-p", help="Sampling: keep the smallest set of "
                                 "tokens holding this much probability."),
+    top_k: int = typer.Option(0, "--top-k", help="Sampling: keep only the K most probable "
+                              "tokens (before --top-p); 0 keeps all."),
+    samples: int = typer.Option(1, "--samples", help="Answers per conversation (needs "
+                                "--temperature > 0), each from its own seed: records "
+                                "ID#s0..ID#s<N-1> follow each other (one: the input's id)."),
     seed: Seed = 0,
     max_new_tokens: int = typer.Option(2048, "--max-new-tokens", help="Longest answer; a "
                                        "longer one is cut, kept and marked 'length'."),
@@ -50,6 +59,18 @@ def regenerate(
     drop_truncated: bool = typer.Option(False, "--drop-truncated", help="Drop a conversation "
                                         "when one of its answers was cut at the token limit "
                                         "(counted either way)."),
+    repeat_copies: int = typer.Option(3, "--repeat-copies", help="Local engine: end an answer "
+                                      "whose last tokens are this many back-to-back copies "
+                                      "of one block (finish reason 'repetition'); 0: never."),
+    repeat_min_tokens: int = typer.Option(64, "--repeat-min-tokens", help="...when the "
+                                          "copies span at least this many tokens (a short "
+                                          "block needs more copies)."),
+    repeat_max_block: int = typer.Option(128, "--repeat-max-block", help="...and the block "
+                                         "is at most this many tokens."),
+    on_repetition: str = typer.Option("keep", "--on-repetition", help="keep: the answer "
+                                      "as ended; drop-answer: end the conversation before "
+                                      "it; drop-conversation: drop the whole conversation "
+                                      "(counted either way)."),
     limit: int | None = typer.Option(None, min=1, help="Only the first N conversations."),
     shard: str | None = typer.Option(None, help="I/N: this process takes the I-th of N "
                                      "contiguous blocks of the input (one per host); `cat` "
@@ -85,14 +106,20 @@ def regenerate(
     Generation runs on a batched engine here (continuous refill of --slots rows), or on an
     OpenAI-compatible server with --endpoint. Records are written as conversations finish;
     after a kill, --resume continues; SIGINT/SIGTERM stop cleanly with exit 75.
+
+    Small targets loop: the local engine ends an answer whose tail repeats one block
+    (--repeat-*, finish reason 'repetition'); sample them (--temperature, --top-p, --top-k)
+    and take several answers per conversation (--samples) to scale the data.
     """
     from eagle3kit.jobs.regenerate import RegenerateConfig, run
 
     cfg = RegenerateConfig(
-        target=target, input=input, out=out, temperature=temperature, top_p=top_p, seed=seed,
-        max_new_tokens=max_new_tokens, max_context=max_context, turns=turns,
-        thinking=thinking, chat_template=chat_template, drop_truncated=drop_truncated,
-        limit=limit, shard=shard, resume=resume, force=force, slots=slots,
+        target=target, input=input, out=out, temperature=temperature, top_p=top_p, top_k=top_k,
+        samples=samples, seed=seed, max_new_tokens=max_new_tokens, max_context=max_context,
+        turns=turns, thinking=thinking, chat_template=chat_template,
+        drop_truncated=drop_truncated, repeat_copies=repeat_copies,
+        repeat_min_tokens=repeat_min_tokens, repeat_max_block=repeat_max_block,
+        on_repetition=on_repetition, limit=limit, shard=shard, resume=resume, force=force, slots=slots,
         sync_every=sync_every, mesh=mesh, target_dtype=target_dtype, endpoint=endpoint,
         model=model, concurrency=concurrency, timeout=timeout, retries=retries)
     run(cfg, console)

@@ -39,11 +39,22 @@ class ChatRecord(msgspec.Struct):
 
 
 class TurnInfo(msgspec.Struct):
-    """One regenerated answer: why it ended and its size in tokens."""
+    """One regenerated answer: why it ended, its size in tokens and its sampling stream."""
 
-    finish_reason: str  # "stop" (end-of-turn token) or "length" (--max-new-tokens/context)
+    finish_reason: str  # "stop" (end-of-turn token), "length" (--max-new-tokens/context) or
+    # "repetition" (its last tokens repeat one block: RepetitionRule)
     prompt_tokens: int
     new_tokens: int
+    seed: int = 0  # the request's sampling stream (jobs/regenerate.request_seed)
+
+
+class RepetitionRule(msgspec.Struct):
+    """When an answer counts as looping (decode/repetition.py) and what became of it."""
+
+    copies: int
+    min_tokens: int
+    max_block: int
+    action: str  # keep | drop-answer | drop-conversation
 
 
 class GenerationInfo(msgspec.Struct):
@@ -57,12 +68,19 @@ class GenerationInfo(msgspec.Struct):
     max_new_tokens: int
     max_context: int
     thinking: bool | None
+    top_k: int = 0  # 0: no top-k cut
+    samples: int = 1  # answers per input conversation
+    sample: int = 0  # which of them this record is (its id ends in #s<sample> if samples > 1)
+    repetition: RepetitionRule | None = None  # None: not checked
     turns: list[TurnInfo] = []
 
-    def settings(self) -> tuple:
-        """Everything but the per-turn facts: equal for every record of one run."""
-        return (self.target_digest, self.temperature, self.top_p, self.seed,
-                self.max_new_tokens, self.max_context, self.thinking)
+    def settings(self) -> dict:
+        """Everything but the per-record facts: equal for every record of one run."""
+        return {"target": self.target_digest, "temperature": self.temperature,
+                "top-p": self.top_p, "top-k": self.top_k, "seed": self.seed,
+                "max-new-tokens": self.max_new_tokens, "max-context": self.max_context,
+                "thinking": self.thinking, "samples": self.samples,
+                "repetition": self.repetition}
 
 
 class RegeneratedRecord(msgspec.Struct):

@@ -32,7 +32,7 @@ class Turn:
     text: str
     prompt_tokens: int
     new_tokens: int
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "repetition" (regenerate's engine)
 
 
 def plan(messages: Sequence[Message], first_only: bool = False

@@ -18,6 +18,12 @@ sequence (`window_bucket`), so short sequences never pay for the cache's full le
 are looped over unstacked (`target.LayerList`): scanning the stacked layers would copy each
 layer's weights and cache out of the stack at every step.
 
+Repetition (`EngineConfig.repetition`, decode/repetition.py): where the tokens of a decode
+program come back to the host, an answer whose tail repeats one block is ended at the token
+that completed the loop ("repetition"), as if checked after every token. The host frees the
+row at once; on the device it runs on unread until a prefill takes it (its writes stay in its
+own row), so no program changes.
+
 Sampling is per request, not per row: request r's token i is drawn with the key
 fold_in(fold_in(key(seed), r.seed), i). With the same seed a request gets the same tokens
 whichever row it lands in and whoever shares the batch, so regenerated data does not depend
@@ -42,6 +48,7 @@ from jax.sharding import Mesh, NamedSharding
 from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import batch_ways, spec_for, use_mesh
+from eagle3kit.decode.repetition import Detector, Repetition
 from eagle3kit.errors import ResourceError
 
 MIN_PREFILL = 128  # shortest prefill bucket (tokens), unless prefill_chunk is shorter
@@ -52,12 +59,15 @@ MIN_WINDOW = 128  # shortest attention window (positions)
 class Sampling:
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0  # nucleus: the smallest set of tokens holding this much probability
+    top_k: int = 0  # only the k most probable tokens (0: all)
 
     def __post_init__(self):
         if self.temperature < 0:
             raise ValueError(f"temperature {self.temperature} < 0")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p {self.top_p} outside (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"top_k {self.top_k} < 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +78,7 @@ class EngineConfig:
     prefill_chunk: int = 512  # longest prefill piece
     sampling: Sampling = Sampling()
     seed: int = 0
+    repetition: Repetition | None = None  # end answers that loop (None: never)
 
 
 @dataclasses.dataclass
@@ -83,7 +94,8 @@ class Completion:
     handle: Any
     prompt_len: int
     tokens: list[int]  # generated, ending with the stop token when one ended it
-    finish_reason: str  # "stop" (a stop token) or "length" (max_new_tokens reached)
+    finish_reason: str  # "stop" (a stop token), "length" (max_new_tokens reached) or
+    # "repetition" (its last tokens repeat one block: EngineConfig.repetition)
 
 
 @jax.tree_util.register_dataclass
@@ -129,12 +141,18 @@ def _rows_bucket(n: int, low: int) -> int:
 
 def sample(logits_BxV: jax.Array, keys_B: jax.Array, sampling: Sampling) -> jax.Array:
     """[B] tokens: argmax at temperature 0, else a draw from softmax(logits / T), restricted
-    to the top-p nucleus when top_p < 1 (the most probable token is always kept)."""
+    to the top_k most probable tokens when top_k > 0 (ties with the k-th kept), then to the
+    top-p nucleus of what is left when top_p < 1 (the most probable token is always kept).
+    vLLM's and transformers' order; top-k alone costs no sort of the vocabulary."""
     if sampling.temperature == 0:
         return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
     x = logits_BxV.astype(jnp.float32) / sampling.temperature
+    k = min(sampling.top_k, x.shape[-1])
+    if k:
+        top = jax.lax.top_k(x, k)[0]  # descending
+        x = jnp.where(x >= top[:, -1:], x, -jnp.inf)
     if sampling.top_p < 1:
-        desc = -jnp.sort(-x, axis=-1)
+        desc = top if k else -jnp.sort(-x, axis=-1)
         p = jax.nn.softmax(desc, axis=-1)
         before = jnp.cumsum(p, axis=-1) - p  # probability of the tokens ranked above
         keep = before < sampling.top_p
@@ -268,6 +286,7 @@ class Engine:
                                  out_shardings=jax.tree.map(lambda _: row_spec,
                                                             RowState.empty(1)))()
         self._prefill, self._decode = _programs(tcfg, cfg.sampling)
+        self._repeats = cfg.repetition and Detector(cfg.repetition, cfg.rows)
 
     # ---- host side --------------------------------------------------------------------------
 
@@ -290,6 +309,8 @@ class Engine:
                 self._check(request)
                 self.rows[i] = _Row(request, [], len(request.prompt))
                 admitted.append(i)
+                if self._repeats:
+                    self._repeats.reset(i)
         if admitted:
             done += self._prefill_rows(admitted)
         if any(r is not None and r.remaining_prompt == 0 for r in self.rows):
@@ -345,13 +366,13 @@ class Engine:
                 jnp.asarray(lengths), jnp.asarray(limits), jnp.asarray(seeds),
                 first=first, window=window or t)
         first_tokens = np.asarray(jax.device_get(first_tokens))
-        done = []
+        started = {}
         for j, i in enumerate(members):
             row = self.rows[i]
             row.remaining_prompt = max(0, len(row.request.prompt) - start[i] - t)
             if row.remaining_prompt == 0:
-                done += self._emit(i, [int(first_tokens[j])])
-        return done
+                started[i] = [int(first_tokens[j])]
+        return self._emit_rows(started)
 
     def _decode_rows(self) -> list[Completion]:
         steps = self.cfg.sync_every
@@ -364,24 +385,36 @@ class Engine:
                 self.w, self.cache, self.state, self.base_key, self.stop_ids, steps=steps,
                 window=window)
         out = np.asarray(jax.device_get(out))
+        return self._emit_rows({i: [int(x) for x in out[i] if x >= 0]
+                                for i, row in enumerate(self.rows)
+                                if row is not None and row.remaining_prompt == 0})
+
+    def _emit_rows(self, new: dict[int, list[int]]) -> list[Completion]:
+        """Each row's new tokens, cut after a repetition when one completed among them."""
+        loops = [None] * len(new)
+        k = max(map(len, new.values()), default=0)  # a row with fewer tokens has finished
+        if self._repeats and k:
+            loops = self._repeats.feed(list(new), [t + [-1] * (k - len(t))
+                                                   for t in new.values()])
         done = []
-        for i, row in enumerate(self.rows):
-            if row is not None and row.remaining_prompt == 0:
-                done += self._emit(i, [int(x) for x in out[i] if x >= 0])
+        for (i, tokens), loop in zip(new.items(), loops, strict=True):
+            done += self._emit(i, tokens, loop)
         return done
 
-    def _emit(self, i: int, tokens: list[int]) -> list[Completion]:
+    def _emit(self, i: int, tokens: list[int], loop: int | None = None) -> list[Completion]:
         """Appends a row's new tokens; retires it when a stop token or its limit ends it (the
-        device applied the same rule, so the row is already idle there)."""
+        device applied the same rule, so the row is already idle there), or at the `loop`-th
+        token, which completed a repetition."""
         row = self.rows[i]
-        for tok in tokens:
+        for n, tok in enumerate(tokens, start=1):
             row.tokens.append(tok)
             self.generated_tokens += 1
             stopped = tok in self._stops
-            if stopped or len(row.tokens) >= row.request.max_new_tokens:
+            if stopped or len(row.tokens) >= row.request.max_new_tokens or n == loop:
                 self.rows[i] = None
+                reason = "stop" if stopped else "repetition" if n == loop else "length"
                 return [Completion(row.request.handle, len(row.request.prompt), row.tokens,
-                                   "stop" if stopped else "length")]
+                                   reason)]
         return []
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:

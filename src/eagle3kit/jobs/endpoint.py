@@ -106,10 +106,10 @@ def run(cfg, records: list[ChatRecord], done: collections.Counter,
     model = cfg.model or (models[0] if models else cfg.target)
     # the model, not the address: a restarted server elsewhere continues the same run
     digest = hashlib.sha256(f"endpoint\0{model}".encode()).hexdigest()[:16]
-    info = GenerationInfo(model, digest, cfg.temperature, cfg.top_p, cfg.seed,
-                          cfg.max_new_tokens, cfg.max_context or 0, cfg.thinking)
+    # a server's answers come whole: no repetition check
+    info = job.generation_info(cfg, model, digest, cfg.max_context or 0, repetition=False)
     job.check_resume(cfg, info, previous)
-    work = job.plan_work(records, done, cfg.turns == "first", counts)
+    work = job.plan_work(records, done, cfg.turns == "first", cfg.samples, counts)
     console.print(f"regenerate with {model} at {client.base}, {cfg.concurrency} "
                   "conversations at a time", soft_wrap=True)
 
@@ -117,8 +117,9 @@ def run(cfg, records: list[ChatRecord], done: collections.Counter,
         b = {"model": model, "messages": [{"role": m.role, "content": m.content}
                                           for m in msgs],
              "temperature": cfg.temperature, "top_p": cfg.top_p,
-             "max_tokens": cfg.max_new_tokens,
-             "seed": job.request_seed(w.record.id, w.occurrence, len(w.dialogue.turns))}
+             "max_tokens": cfg.max_new_tokens, "seed": w.seed(len(w.dialogue.turns))}
+        if cfg.top_k:
+            b["top_k"] = cfg.top_k  # vLLM's and SGLang's extension of the OpenAI API
         if cfg.thinking is not None:
             b["chat_template_kwargs"] = {"enable_thinking": cfg.thinking}
         return b
@@ -174,9 +175,7 @@ def run(cfg, records: list[ChatRecord], done: collections.Counter,
                     if error is not None:
                         raise error
                     for t in w.dialogue.turns:
-                        counts.turns += 1
-                        counts.new_tokens += t.new_tokens
-                        counts.truncated_turns += t.finish_reason == "length"
+                        counts.answered(t)
                     progress.generated = counts.new_tokens
                     runner.finish(w)
             finally:

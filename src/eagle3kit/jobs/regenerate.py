@@ -10,6 +10,12 @@ at the next sync, keep what is written and exit 75, like `train` (jobs/preempt.p
 
 Sharding across hosts (`--shard I/N`): process I takes the I-th contiguous block of the input,
 so `cat` of the N outputs in order is the whole run in input order.
+
+Several answers per conversation (`--samples N`, sampling only): N records per input record,
+one after the other, with ids `<id>#s0` .. `<id>#s<N-1>` (one sample: the input's id) and
+each turn of sample k drawn from its own stream (`request_seed`; sample 0's is the one a run
+of one sample uses). Answers that loop (decode/repetition.py) end where the loop completed,
+with finish reason "repetition", and are kept or dropped as `--on-repetition` says.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from eagle3kit.data.records import (
     ChatRecord,
     GenerationInfo,
     RegeneratedRecord,
+    RepetitionRule,
     TurnInfo,
     display_name,
     encode,
@@ -44,6 +51,7 @@ from eagle3kit.jobs import common
 from eagle3kit.jobs.preempt import Preempted, Preemption
 
 TURNS = ("all", "first")
+ON_REPETITION = ("keep", "drop-answer", "drop-conversation")
 DEFAULT_CONTEXT = 4096  # prompt + answer; the KV cache holds --slots rows of this many
 
 
@@ -54,13 +62,21 @@ class RegenerateConfig:
     out: str = "-"
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
     seed: int = 0
+    samples: int = 1  # answers per conversation
     max_new_tokens: int = 2048
     max_context: int | None = None  # default: min(4096, the target's positions)
     turns: str = "all"
     thinking: bool | None = None
     chat_template: str | None = None
     drop_truncated: bool = False
+    # repetition (local engine): `repeat_copies` copies of one block of at most
+    # `repeat_max_block` tokens spanning `repeat_min_tokens`; 0 copies: not checked
+    repeat_copies: int = 3
+    repeat_min_tokens: int = 64
+    repeat_max_block: int = 128
+    on_repetition: str = "keep"
     limit: int | None = None
     shard: str | None = None  # "I/N"
     resume: bool = False
@@ -87,6 +103,23 @@ def check_config(cfg: RegenerateConfig) -> tuple[int, int]:
         raise UserError(f"--temperature {cfg.temperature}: must be >= 0 (0 is greedy)")
     if not 0 < cfg.top_p <= 1:
         raise UserError(f"--top-p {cfg.top_p}: must be in (0, 1]")
+    if cfg.top_k < 0:
+        raise UserError(f"--top-k {cfg.top_k}: must be >= 0 (0 keeps every token)")
+    if cfg.samples < 1:
+        raise UserError(f"--samples {cfg.samples}: must be >= 1 (answers per conversation)")
+    if cfg.samples > 1 and cfg.temperature == 0:
+        raise UserError(f"--samples {cfg.samples} needs sampling: greedy answers are all the "
+                        "same; pass --temperature > 0")
+    if cfg.on_repetition not in ON_REPETITION:
+        raise UserError(f"--on-repetition {cfg.on_repetition!r}: choose "
+                        f"{', '.join(ON_REPETITION)}")
+    if cfg.repeat_copies == 1 or cfg.repeat_copies < 0 or cfg.repeat_min_tokens < 1 \
+            or cfg.repeat_max_block < 1:
+        raise UserError("--repeat-copies must be >= 2 (or 0: no check), --repeat-min-tokens "
+                        "and --repeat-max-block >= 1")
+    if cfg.endpoint and cfg.on_repetition != "keep":
+        raise UserError("--on-repetition: a server's answers come whole; loops are caught by "
+                        "the local engine only (drop --endpoint or --on-repetition)")
     if cfg.max_new_tokens < 1 or (cfg.max_context is not None and cfg.max_context < 2):
         raise UserError("--max-new-tokens must be >= 1 and --max-context >= 2")
     if cfg.resume and cfg.out == "-":
@@ -110,27 +143,40 @@ def check_config(cfg: RegenerateConfig) -> tuple[int, int]:
     return index, count
 
 
+def _reasons(counter: collections.Counter) -> str:
+    return ", ".join(f"{n:,} {reason}" for reason, n in counter.most_common())
+
+
 @dataclasses.dataclass
 class Counts:
     read: int = 0
+    samples: int = 1
     resumed: int = 0  # already in the output
     written: int = 0
     turns: int = 0
-    truncated_turns: int = 0  # ended by --max-new-tokens or the context
-    cut_conversations: int = 0  # a later turn did not fit --max-context: kept up to there
+    finished: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    ended_early: collections.Counter = dataclasses.field(  # kept up to a turn that could not
+        default_factory=collections.Counter)  # be answered (why)
     new_tokens: int = 0
     dropped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
+    def answered(self, turn: conv.Turn) -> None:
+        self.turns += 1
+        self.new_tokens += turn.new_tokens
+        self.finished[turn.finish_reason] += 1
+
     def summary(self) -> str:
         drops = sum(self.dropped.values())
-        why = ", ".join(f"{n} {reason}" for reason, n in self.dropped.most_common())
-        return (f"{self.read:,} conversations read: {self.written:,} written"
+        early = sum(self.ended_early.values())
+        return (f"{self.read:,} conversations read"
+                + (f" ({self.samples} samples each)" if self.samples > 1 else "")
+                + f": {self.written:,} written"
                 + (f", {self.resumed:,} already in the output" if self.resumed else "")
-                + (f", {drops:,} dropped ({why})" if drops else "")
-                + f"; {self.turns:,} answers ({self.new_tokens:,} tokens, "
-                f"{self.truncated_turns:,} cut at the token limit)"
-                + (f"; {self.cut_conversations:,} conversations end early (context)"
-                   if self.cut_conversations else ""))
+                + (f", {drops:,} dropped ({_reasons(self.dropped)})" if drops else "")
+                + f"; {self.turns:,} answers ({self.new_tokens:,} tokens"
+                + (f"; ended by {_reasons(self.finished)})" if self.turns else ")")
+                + (f"; {early:,} conversations end early ({_reasons(self.ended_early)})"
+                   if early else ""))
 
 
 
@@ -235,32 +281,51 @@ def target_digest(hf_config: dict[str, Any], tokenizer_key: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def request_seed(cid: str, occurrence: int, turn: int) -> int:
-    """A sampling stream per conversation turn, independent of batching, sharding and resume."""
-    return zlib.crc32(f"{cid}\0{occurrence}\0{turn}".encode())
+def request_seed(cid: str, occurrence: int, turn: int, sample: int = 0) -> int:
+    """A sampling stream per conversation turn and sample, independent of batching, sharding
+    and resume (sample 0's is the stream of a run with one sample)."""
+    key = f"{cid}\0{occurrence}\0{turn}" + (f"\0{sample}" if sample else "")
+    return zlib.crc32(key.encode())
+
+
+def sample_id(cid: str, sample: int, samples: int) -> str:
+    """The output id of one sample: the input's id, with `#s<sample>` when there are several."""
+    return f"{cid}#s{sample}" if samples > 1 else cid
+
+
+LOOP_DROPPED = "a looping answer dropped (--on-repetition drop-answer)"
+LOOP_DROPS = "a looping answer (--on-repetition drop-conversation)"
 
 
 @dataclasses.dataclass
 class Work:
-    """One conversation to answer: its place in the input and its dialogue."""
+    """One conversation to answer: its place in the input, which sample, and its dialogue."""
 
     index: int
     record: ChatRecord
     occurrence: int  # how many earlier records share its id
+    sample: int
+    id: str  # sample_id of it
     dialogue: conv.Dialogue
+
+    def seed(self, turn: int) -> int:
+        return request_seed(self.record.id, self.occurrence, turn, self.sample)
 
 
 def plan_work(records: list[ChatRecord], done: collections.Counter, first_only: bool,
-              counts: Counts) -> list[Work]:
+              samples: int, counts: Counts) -> list[Work]:
     seen: collections.Counter = collections.Counter()
     work = []
     for r in records:
         occurrence = seen[r.id]
         seen[r.id] += 1
-        if occurrence < done[r.id]:
-            counts.resumed += 1
-            continue
-        work.append(Work(len(work), r, occurrence, conv.Dialogue(r.messages, first_only)))
+        for k in range(samples):
+            out_id = sample_id(r.id, k, samples)
+            if occurrence < done[out_id]:
+                counts.resumed += 1
+                continue
+            work.append(Work(len(work), r, occurrence, k, out_id,
+                             conv.Dialogue(r.messages, first_only)))
     return work
 
 
@@ -274,22 +339,35 @@ def finish_record(w: Work, info: GenerationInfo, cfg: RegenerateConfig, counts: 
     if cfg.drop_truncated and any(t.finish_reason == "length" for t in d.turns):
         counts.dropped["an answer cut at --max-new-tokens (--drop-truncated)"] += 1
         return None
+    if cfg.on_repetition == "drop-conversation" and any(t.finish_reason == "repetition"
+                                                        for t in d.turns):
+        counts.dropped[LOOP_DROPS] += 1
+        return None
     if d.stop_reason:
-        counts.cut_conversations += 1
-    turns = [TurnInfo(t.finish_reason, t.prompt_tokens, t.new_tokens) for t in d.turns]
+        counts.ended_early[d.stop_reason] += 1
+    turns = [TurnInfo(t.finish_reason, t.prompt_tokens, t.new_tokens, w.seed(j))
+             for j, t in enumerate(d.turns)]
     counts.written += 1
-    return encode(RegeneratedRecord(w.record.id, w.record.source, d.messages(),
-                                    msgspec.structs.replace(info, turns=turns)))
+    return encode(RegeneratedRecord(w.id, w.record.source, d.messages(),
+                                    msgspec.structs.replace(info, sample=w.sample,
+                                                            turns=turns)))
+
+
+def generation_info(cfg: RegenerateConfig, target: str, digest: str, max_context: int,
+                    repetition: bool) -> GenerationInfo:
+    """The settings every record of the run carries (`repetition`: loops are checked)."""
+    rule = RepetitionRule(cfg.repeat_copies, cfg.repeat_min_tokens, cfg.repeat_max_block,
+                          cfg.on_repetition) if repetition and cfg.repeat_copies else None
+    return GenerationInfo(target, digest, cfg.temperature, cfg.top_p, cfg.seed,
+                          cfg.max_new_tokens, max_context, cfg.thinking, top_k=cfg.top_k,
+                          samples=cfg.samples, repetition=rule)
 
 
 def check_resume(cfg: RegenerateConfig, info: GenerationInfo, previous: GenerationInfo | None
                  ) -> None:
     if previous is not None and previous.settings() != info.settings():
-        names = ("target", "temperature", "top_p", "seed", "max_new_tokens", "max_context",
-                 "thinking")
-        diff = [f"{n} {a!r} -> {b!r}" for n, a, b in zip(names, previous.settings(),
-                                                           info.settings(), strict=True)
-                if a != b]
+        was, now = previous.settings(), info.settings()
+        diff = [f"{n} {was[n]!r} -> {now[n]!r}" for n in now if was[n] != now[n]]
         raise MismatchError(f"{cfg.out}: was made with other settings ({'; '.join(diff)}); "
                             "resume with the same options, or write a new file")
 
@@ -317,10 +395,14 @@ class Runner:
 
     def answered(self, w: Work, text: str, prompt_len: int, new_tokens: int, reason: str
                  ) -> None:
-        w.dialogue.answer(conv.Turn(text, prompt_len, new_tokens, reason))
-        self.counts.turns += 1
-        self.counts.new_tokens += new_tokens
-        self.counts.truncated_turns += reason == "length"
+        turn = conv.Turn(text, prompt_len, new_tokens, reason)
+        self.counts.answered(turn)
+        if reason == "repetition" and self.cfg.on_repetition == "drop-answer":
+            w.dialogue.stop(LOOP_DROPPED)  # later turns would answer the dropped one
+            return
+        w.dialogue.answer(turn)
+        if reason == "repetition" and self.cfg.on_repetition == "drop-conversation":
+            w.dialogue.stop(LOOP_DROPS)  # dropped when finished: no more turns to generate
 
 
 def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int], stop: Preemption
@@ -334,9 +416,8 @@ def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int], stop: Pree
     queue: collections.deque[Request] = collections.deque()
 
     def request(w: Work, ids: list[int]) -> Request:
-        turn = len(w.dialogue.turns)
         return Request((w, ids), ids, min(cfg.max_new_tokens, cfg.max_context - len(ids)),
-                       request_seed(w.record.id, w.occurrence, turn))
+                       w.seed(len(w.dialogue.turns)))
 
     def next_turn(w: Work, first: bool) -> None:
         """Queues the dialogue's next turn (a started one's at the front), or finishes it."""
@@ -413,7 +494,7 @@ def run(cfg: RegenerateConfig, console) -> Counts:
         raise InputError("no conversations to regenerate", path=display_name(cfg.input))
     done, previous = (repair_and_scan(Path(cfg.out)) if cfg.resume
                       else (collections.Counter(), None))
-    counts = Counts(read=len(records))
+    counts = Counts(read=len(records), samples=cfg.samples)
     if cfg.endpoint:
         from eagle3kit.jobs import endpoint
 
@@ -445,11 +526,10 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
     if cfg.max_context > positions:
         raise UserError(f"--max-context {cfg.max_context} exceeds the target's "
                         f"{positions} positions ({cfg.target})")
-    info = GenerationInfo(cfg.target, target_digest(ckpt.hf_config, key), cfg.temperature,
-                          cfg.top_p, cfg.seed, cfg.max_new_tokens, cfg.max_context,
-                          cfg.thinking)
+    info = generation_info(cfg, cfg.target, target_digest(ckpt.hf_config, key),
+                           cfg.max_context, repetition=True)
     check_resume(cfg, info, previous)
-    work = plan_work(records, done, cfg.turns == "first", counts)
+    work = plan_work(records, done, cfg.turns == "first", cfg.samples, counts)
     stops = set(stop_ids(tokenizer, ckpt))  # eval's rule: eos of tokenizer and config
     engine = make_engine(cfg, ckpt, stops, console)
     progress = Progress(console, len(work))
@@ -486,6 +566,7 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     from eagle3kit.core.sharding import make_mesh
     from eagle3kit.core.target import unstack_in_place
     from eagle3kit.decode.engine import Engine, EngineConfig, Sampling
+    from eagle3kit.decode.repetition import Repetition
     from eagle3kit.io.hf import load_target
 
     compile_cache()
@@ -496,7 +577,9 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
                                ckpt.config)
     engine = Engine(ckpt.config, weights, mesh, sorted(stops), EngineConfig(
         rows=cfg.slots, max_context=cfg.max_context, sync_every=cfg.sync_every,
-        sampling=Sampling(cfg.temperature, cfg.top_p), seed=cfg.seed))
+        sampling=Sampling(cfg.temperature, cfg.top_p, cfg.top_k), seed=cfg.seed,
+        repetition=Repetition(cfg.repeat_copies, cfg.repeat_min_tokens, cfg.repeat_max_block)
+        if cfg.repeat_copies else None))
     console.print(f"regenerate with {ckpt.config.name} on {jax.device_count()} x "
                   f"{jax.devices()[0].device_kind} (mesh {dict(mesh.shape)}; weights loaded "
                   f"in {time.perf_counter() - t0:.1f}s; {cfg.slots} slots x {cfg.max_context} "
