@@ -42,3 +42,68 @@ def test_odd_names_in_file_contents_and_line_numbers(tmp_path, monkeypatch):
     (tmp_path / name).write_text('{"id": "[/x]", "conversations": 7}\n')
     r = runner.invoke(app, ["mix", name])
     assert r.exit_code == 2 and r.output.startswith(f"error: {name}:1: "), r.output
+
+
+# ---- the corpus of bad outputs (issue 24): refused before any work, naming the path given --
+
+def _unwritable() -> str:
+    """A directory nobody can create files in, root included (sysfs), else skip."""
+    import tempfile
+
+    try:
+        tempfile.NamedTemporaryFile(dir="/sys").close()
+    except OSError:
+        return "/sys"
+    pytest.skip("/sys is writable here")
+
+
+def bad_outputs(tmp_path) -> list[tuple[list[str], str]]:
+    """(arguments, the error line after `error: `) of every output path users get wrong."""
+    (tmp_path / "e.txt").write_text("a file")
+    (tmp_path / "existing_dir").mkdir()
+    (tmp_path / "in.jsonl").write_text("{}\n")
+    sysdir = _unwritable()
+    file_writers = {  # command -> its arguments before the output path
+        "mix": ["mix", "in.jsonl", "-o"],
+        "tokenize": ["tokenize", "--tokenizer", "org/never-loaded", "-i", "in.jsonl", "-o"],
+        "vocab-select": ["vocab-select", "-i", "in.jsonl", "-o"],
+        "regenerate": ["regenerate", "--target", "org/never-loaded", "-i", "in.jsonl", "-o"],
+        "eval --samples": ["eval", "--target", "org/never-loaded", "--draft", "d",
+                           "--prompts", "mt-bench", "--samples"],
+        "eval --plot": ["eval", "--target", "org/never-loaded", "--draft", "d",
+                        "--prompts", "mt-bench", "--plot"],
+    }
+    cases = []
+    for command, args in file_writers.items():
+        option = args[-1]
+        dot = f".: is an existing directory; {option} needs a new name to write"
+        cases += [
+            (args + ["."], dot),  # a Path option reads "" as "."
+            (args + [""], dot if command.startswith("eval") else
+             f"{option} '': an empty path; give a file name"),
+            (args + ["existing_dir"], f"existing_dir: is a directory; {option} needs a file name"),
+            (args + ["e.txt/x.out"], f"e.txt/x.out: e.txt is a file, not a directory ({option})"),
+            (args + [f"{sysdir}/x.out"],
+             f"{sysdir}/x.out: cannot write in {sysdir} (Permission denied; {option})"),
+        ]
+    convert = ["convert", "d", "--to", "sglang", "--force", "-o"]
+    train = ["train", "--target", "org/never-loaded", "--data", "in.jsonl", "--vocab",
+             "in.jsonl", "--out"]
+    cases += [
+        (convert + ["."], ".: is an existing directory; -o needs a new name to write"),
+        (convert + ["e.txt/x"], "e.txt/x: e.txt is a file, not a directory (-o)"),
+        (train + ["e.txt/run"], "e.txt/run: e.txt is a file, not a directory (--out)"),
+        (train + [f"{sysdir}/run"],
+         f"{sysdir}/run: cannot write in {sysdir} (Permission denied; --out)"),
+    ]
+    return cases
+
+
+def test_bad_outputs_are_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for args, message in bad_outputs(tmp_path):
+        before = sorted(p.name for p in tmp_path.rglob("*"))
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output == f"error: {message}\n", (args, r.output)
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before, args

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.cli._common import check_output, console, example, handle_errors
 from eagle3kit.cli._params import Mesh, Seed, Target, TargetDtype
 
 EXAMPLE = """
@@ -87,6 +87,8 @@ def regenerate(
     after a kill, --resume continues; SIGINT/SIGTERM stop cleanly with exit 75.
     """
     from eagle3kit.jobs.regenerate import RegenerateConfig, run
+
+    check_output(out, "-o")
 
     cfg = RegenerateConfig(
         target=target, input=input, out=out, temperature=temperature, top_p=top_p, seed=seed,

@@ -6,7 +6,13 @@ import time
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors, require_files
+from eagle3kit.cli._common import (
+    check_output,
+    console,
+    example,
+    handle_errors,
+    require_files,
+)
 from eagle3kit.errors import InputError
 
 EXAMPLE = """
@@ -56,6 +62,7 @@ def tokenize(
     from eagle3kit.io.atomic import open_output
 
     require_files(input=input, chat_template=chat_template)  # before the tokenizer's seconds
+    check_output(out, "-o")
     template = load_chat_template(chat_template) if chat_template else None
     with console.status(f"loading tokenizer {tokenizer}"):
         tok = load_tokenizer(tokenizer)
