@@ -3,10 +3,18 @@ spaces and unicode come back exactly as given, in one `error:` line, with nothin
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
 from eagle3kit.cli.app import app
+from tests import assets
 
 runner = CliRunner()
 ODD = ["missing[bold].jsonl", "a[/x]b.jsonl", "f:-1:.jsonl", "with space é.jsonl", "[red]x"]
@@ -107,3 +115,41 @@ def test_bad_outputs_are_refused_before_any_work(tmp_path, monkeypatch):
         assert r.exit_code == 2, (args, r.output)
         assert r.output == f"error: {message}\n", (args, r.output)
         assert sorted(p.name for p in tmp_path.rglob("*")) == before, args
+
+
+# ---- SIGTERM is SIGINT: clean up, one line, exit 143 (issue 24, item 4) ---------------------
+
+def _terminate_once_writing(args: list[str], cwd: Path, out: str) -> subprocess.CompletedProcess:
+    """Runs `eagle3kit ARGS` in `cwd`, sends SIGTERM once its temporary output has data."""
+    p = subprocess.Popen([sys.executable, "-m", "eagle3kit", *args], cwd=cwd,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        if any(t.stat().st_size > 0 for t in cwd.glob(f".{out}.*.tmp")):
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, "finished before it could be stopped; give it more input"
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    return subprocess.CompletedProcess(p.args, p.returncode, "", err)
+
+
+@pytest.mark.parametrize("command", ["mix", "tokenize -j 1", "tokenize -j 2"])
+def test_sigterm_cleans_up_like_sigint(command, tmp_path):
+    chats = tmp_path / "chats.jsonl"
+    if command == "mix":  # the real ShareGPT file, all of it: seconds of writing
+        args = ["mix", str(assets.sharegpt_path()), "-o", "out.jsonl"]
+    else:
+        with open(chats, "w") as f:
+            for i in range(40_000):
+                f.write(json.dumps({"id": str(i), "messages": [
+                    {"role": "user", "content": f"question {i}"},
+                    {"role": "assistant", "content": f"answer {i} " * 20}]}) + "\n")
+        args = ["tokenize", "--tokenizer", str(assets.smollm2_gguf()), "-i", str(chats),
+                "-o", "out.jsonl", *command.split()[1:]]
+    p = _terminate_once_writing(args, tmp_path, "out.jsonl")
+    assert p.returncode == 143, p.stderr
+    assert p.stderr.splitlines()[-1] == "terminated", p.stderr
+    assert "Traceback" not in p.stderr and "Error" not in p.stderr, p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == sorted(
+        ["chats.jsonl"] if chats.exists() else [])

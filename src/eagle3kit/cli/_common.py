@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -32,13 +33,26 @@ def debug_enabled() -> bool:
     return os.environ.get("EAGLE3KIT_DEBUG", "") not in ("", "0")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so it unwinds as Ctrl-C does: every `finally`
+    runs (temporary files removed, worker pools stopped), then one line and exit 143."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turns `UserError` (and file-system errors) into one red line and a meaningful exit code.
 
-    With `--debug` (or EAGLE3KIT_DEBUG=1) the traceback is kept.
+    SIGTERM (a batch scheduler, `kill`, `timeout`) is treated as SIGINT is: the command stops,
+    cleans up, says so in one line and exits 143 (128 + 15, as 130 is 128 + SIGINT). Jobs that
+    stop at a safe point instead (`train`, `regenerate`: jobs/preempt.py) install their own
+    handler for their duration. With `--debug` (or EAGLE3KIT_DEBUG=1) the traceback is kept.
     """
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        previous = signal.signal(signal.SIGTERM, _terminate)
         try:
             return fn(*args, **kwargs)
         except (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
@@ -50,9 +64,14 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except BrokenPipeError:  # `... | head`: the reader left; not an error
             sys.stderr.close()
             raise typer.Exit(0) from None
+        except Terminated:
+            console.print(styled("terminated", "yellow"))
+            raise typer.Exit(143) from None
         except KeyboardInterrupt:
             console.print(styled("interrupted", "yellow"))
             raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return wrapper
 
 
