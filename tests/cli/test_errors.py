@@ -153,3 +153,23 @@ def test_sigterm_cleans_up_like_sigint(command, tmp_path):
     assert "Traceback" not in p.stderr and "Error" not in p.stderr, p.stderr
     assert sorted(x.name for x in tmp_path.iterdir()) == sorted(
         ["chats.jsonl"] if chats.exists() else [])
+
+
+# ---- the corpus of bad options (issue 24): one error line, the class's exit code -----------
+
+NEVER = "org/never-loaded"  # refused before any model is read
+BAD_OPTIONS = [
+    (["train", "--target", NEVER, "--data", "d", "--vocab", "v", "--out", "run",
+      "--max-steps", "0"], 2, "--max-steps 0: must be at least 1"),
+    (["train", "--target", NEVER, "--data", "d", "--vocab", "v", "--out", "run",
+      "--max-steps", "-3"], 2, "--max-steps -3: must be at least 1"),
+]
+
+
+@pytest.mark.parametrize("args, code, message", BAD_OPTIONS)
+def test_bad_options_are_one_line(args, code, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, args)
+    assert r.exit_code == code, r.output
+    assert r.output == f"error: {message}\n", r.output
+    assert list(tmp_path.iterdir()) == []
