@@ -57,7 +57,9 @@ _RESUMABLE = {"epochs", "max_steps", "save_every", "keep_checkpoints", "eval_eve
 def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
     out = Path(cfg.out)
     recorded = out / "config.json"
-    if recorded.exists():
+    # a run that stopped before its first checkpoint (killed, out of memory) saved nothing to
+    # continue: its config.json claims no run, and this one starts over in its place
+    if recorded.exists() and checkpoints.list_checkpoints(out):
         if not cfg.resume:
             raise UserError(f"{out} already holds a run; pass --resume to continue it or "
                             "choose another --out")
@@ -65,13 +67,15 @@ def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
         for key, value in cfg.to_json().items():
             if key not in _RESUMABLE and old["config"].get(key) != value:
                 raise MismatchError(f"--{key.replace('_', '-')} is {value!r} but the run was "
-                                    f"started with {old['config'].get(key)!r}", path=recorded)
+                                    f"started with {old['config'].get(key)!r}; resume with "
+                                    "its settings, or start a new run in another --out",
+                                    path=recorded)
         for key, value in fingerprints.items():
             if old["fingerprints"].get(key) != value:
                 raise MismatchError(f"the {key} changed since the run started "
                                     f"({old['fingerprints'].get(key)} -> {value})",
                                     path=recorded)
-    elif cfg.resume and not checkpoints.list_checkpoints(out):
+    elif cfg.resume and not recorded.exists():
         raise UserError(f"--resume: {out} holds no run to resume")
     common.barrier("run-dir checked")  # every process has looked before process 0 writes
     if jax.process_index() == 0:
@@ -321,9 +325,9 @@ def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | 
         console.print(f"resuming {out} from step {step} ({existing[-1].name})")
         return (state, step, int(meta["epoch"]), int(meta["position"]),
                 float(meta.get("elapsed_s", 0.0)))
-    if cfg.resume:
-        console.print(f"{out} has no checkpoint yet (stopped before --save-every "
-                      f"{cfg.save_every} steps): starting from step 1")
+    if (out / "metrics.jsonl").exists():  # an earlier start that saved no checkpoint
+        console.print(f"{out} holds a run that stopped before its first checkpoint: "
+                      "starting it over from step 1")
         _truncate_metrics(out / "metrics.jsonl", 0)
     params = init.weights if init else None
     return trainer.init_state(jax.random.key(cfg.seed), params), 0, 0, 0, 0.0
