@@ -173,3 +173,83 @@ def test_bad_options_are_one_line(args, code, message, tmp_path, monkeypatch):
     assert r.exit_code == code, r.output
     assert r.output == f"error: {message}\n", r.output
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny target with SmolLM2's tokenizer (256 positions), its data and vocab, and a
+    random draft for it trained, it says, with --ttt-length 3."""
+    a = assets.train_assets()
+    draft = assets.random_draft(tmp_path_factory.mktemp("errors") / "draft", {"ttt_length": 3})
+    return a, draft
+
+
+def test_limits_of_the_target_and_the_draft_are_one_line(tiny, tmp_path, monkeypatch):
+    """Refused against what the target and draft are, not a traceback or an out-of-memory:
+    --seq-len beyond the target's positions (train leaves no run behind), a tree shape that
+    the draft's own K (3, not the default 7) cannot make."""
+    a, draft = tiny
+    monkeypatch.chdir(tmp_path)
+    target = ["--target", str(a / "target")]
+    cases = [
+        (["train", *target, "--data", str(a / "train.jsonl"), "--vocab",
+          str(a / "vocab.safetensors"), "--out", "run", "--seq-len", "100000"],
+         f"--seq-len 100000 exceeds the target's 256 positions ({a / 'target'})"),
+        (["eval", *target, "--draft", str(draft), "--data", str(a / "heldout.jsonl"),
+          "--seq-len", "100000"],
+         f"--seq-len 100000 exceeds the target's 256 positions ({a / 'target'})"),
+        (["eval", *target, "--draft", str(draft), "--prompts", "mt-bench", "--topk", "4",
+          "--draft-tokens", "100"], "--steps 3 (the draft's --ttt-length) --topk 4 "
+         "--draft-tokens 100: draft tokens 100 outside 2..37: 3 steps of top-4 propose 36 "
+         "candidates"),
+        (["eval", *target, "--draft", str(draft), "--prompts", "mt-bench", "--draft-tokens",
+          "10"], "--steps 3 (the draft's --ttt-length) --topk 1 --draft-tokens 10: a chain "
+         "(topk 1) verifies steps + 1 = 4 draft tokens, not 10"),
+    ]
+    for args, message in cases:
+        r = runner.invoke(app, args)
+        assert (r.exit_code, r.output) == (2, f"error: {message}\n"), args
+        assert list(tmp_path.iterdir()) == [], args
+
+
+def _limited(args: list[str], cwd: Path, gib: int = 8) -> subprocess.CompletedProcess:
+    """`eagle3kit ARGS` with its address space capped: an allocation past it fails at once,
+    as a device's does, instead of paging this machine to death."""
+    start = (f"import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, "
+             f"({gib << 30}, {gib << 30})); sys.argv = ['eagle3kit'] + sys.argv[1:]; "
+             "runpy.run_module('eagle3kit', run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", start, *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=300)
+
+
+def test_out_of_memory_in_generation_is_exit_4_with_the_flags_to_lower(tiny, tmp_path):
+    """As train's: a KV cache or a decode program that does not fit is a ResourceError
+    naming the options, not a RESOURCE_EXHAUSTED traceback (issue 24, item 2)."""
+    a, draft = tiny
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"id": "a", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n")
+    p = _limited(["regenerate", "--target", str(a / "target"), "-i", str(chats), "-o",
+                  "out.jsonl", "--slots", "1000000", "--max-context", "256",
+                  "--max-new-tokens", "8"], tmp_path)
+    assert p.returncode == 4, p.stderr
+    assert p.stderr.splitlines()[-1] == (
+        "error: out of device memory for --slots 1000000 x --max-context 256: lower --slots "
+        "or --max-context (or add devices: --mesh)"), p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["chats.jsonl"]
+
+
+@pytest.mark.slow  # a minute: eval compiles its decoding before the batched run runs out
+def test_out_of_memory_in_eval_generation_is_exit_4(tiny, tmp_path):
+    a, draft = tiny
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]})
+                     + "\n")
+    p = _limited(["eval", "--target", str(a / "target"), "--draft", str(draft), "--prompts",
+                  str(chats), "--max-new-tokens", "4", "--concurrency", "1000000", "--json"],
+                 tmp_path)
+    assert p.returncode == 4 and p.stdout == "", p.stderr
+    assert p.stderr.splitlines()[-1] == (
+        "error: out of device memory for --max-new-tokens 4 at --concurrency 1000000: lower "
+        "--max-new-tokens, the --concurrency batch sizes or --limit (long prompts), or add "
+        "devices: --mesh tensor=N"), p.stderr

@@ -47,14 +47,7 @@ def invoke(args, input=None):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(assets dir, draft dir): the tiny target, its data, and a random draft for it."""
-    a = assets.train_assets()
-    ckpt = resolve_target(a / "target")
-    vocab, meta = read_vocab(a / "vocab.safetensors")
-    cfg = DraftConfig.for_target(ckpt.config, vocab.draft_size)
-    w = jax.tree.map(np.asarray, init_weights(DraftWeights.abstract(cfg), jax.random.key(0)))
-    path = tmp_path_factory.mktemp("eval") / "draft"
-    save_draft(path, Draft(cfg, w, vocab, "tiny", ckpt.hf_config, {"tokenizer": meta["tokenizer"]}))
-    return a, path
+    return assets.train_assets(), assets.random_draft(tmp_path_factory.mktemp("eval") / "draft")
 
 
 def tf_args(a: Path, draft: Path, data, *extra):

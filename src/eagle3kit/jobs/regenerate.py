@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -451,10 +452,14 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
     check_resume(cfg, info, previous)
     work = plan_work(records, done, cfg.turns == "first", counts)
     stops = set(stop_ids(tokenizer, ckpt))  # eval's rule: eos of tokenizer and config
-    engine = make_engine(cfg, ckpt, stops, console)
+    memory = functools.partial(  # allocating the cache, or a program's temporaries
+        common.out_of_memory, f"--slots {cfg.slots} x --max-context {cfg.max_context}",
+        "lower --slots or --max-context (or add devices: --mesh)")
+    with memory():
+        engine = make_engine(cfg, ckpt, stops, console)
     progress = Progress(console, len(work))
     try:
-        with output_stream(cfg) as stream, Preemption(console.print) as stop, progress:
+        with memory(), output_stream(cfg) as stream, Preemption(console.print) as stop, progress:
             writer = OrderedWriter(stream)
             runner = Runner(cfg, work, renderer, info, writer, counts, progress)
             try:

@@ -33,7 +33,6 @@ from eagle3kit.data.fingerprint import require_same
 from eagle3kit.data.packing import pack_epoch
 from eagle3kit.errors import (
     MismatchError,
-    ResourceError,
     TimeLimitReached,
     TrainingDiverged,
     UserError,
@@ -239,6 +238,7 @@ def _check_and_load(cfg: TrainConfig) -> _Setup:
     key = vfile.fingerprint.key
     ckpt = resolve_target(cfg.target)
     tcfg = ckpt.config
+    common.check_seq_len(cfg.seq_len, tcfg, cfg.target)
     _, target_key = common.target_tokenizer(cfg.target, required=False)
     if target_key:  # refuse a vocab (and data) tokenized for another model
         require_same(target_key, key, "the vocab", cfg.vocab,
@@ -355,16 +355,11 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def _step(trainer, state, target_w, vocab_dev, batch, cfg):
-    try:
+    with common.out_of_memory(
+            f"--batch-size {cfg.batch_size} x --seq-len {cfg.seq_len} x --ttt-length "
+            f"{cfg.ttt.steps}", "lower --batch-size (and raise --grad-accum to keep the global "
+            "batch), shorten --seq-len, or add tensor parallelism (--mesh tensor=N)"):
         return trainer.train_step(state, target_w, vocab_dev, batch)
-    except Exception as e:  # XLA reports OOM as a runtime error with RESOURCE_EXHAUSTED
-        if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
-            raise ResourceError(
-                f"out of device memory for --batch-size {cfg.batch_size} x --seq-len "
-                f"{cfg.seq_len} x --ttt-length {cfg.ttt.steps}: lower --batch-size (and raise "
-                "--grad-accum to keep the global batch), shorten --seq-len, or add tensor "
-                "parallelism (--mesh tensor=N)") from None
-        raise
 
 
 def _report(pending, log, progress) -> None:
