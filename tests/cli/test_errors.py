@@ -253,3 +253,30 @@ def test_out_of_memory_in_eval_generation_is_exit_4(tiny, tmp_path):
         "error: out of device memory for --max-new-tokens 4 at --concurrency 1000000: lower "
         "--max-new-tokens, the --concurrency batch sizes or --limit (long prompts), or add "
         "devices: --mesh tensor=N"), p.stderr
+
+
+def test_errors_name_the_file_and_the_place(tiny, tmp_path, monkeypatch):
+    """A --chat-template that Jinja cannot parse is named; a cut JSONL line says where it
+    stops (issue 24, item 8)."""
+    a, _ = tiny
+    monkeypatch.chdir(tmp_path)
+    Path("broken.jinja").write_text("{% for m in messages %}{{ m.content }")
+    chat = {"id": "a", "messages": [{"role": "user", "content": "hi"},
+                                    {"role": "assistant", "content": "hello"}]}
+    Path("chats.jsonl").write_text(json.dumps(chat) + "\n")
+    Path("cut.jsonl").write_text(json.dumps(chat)[:40] + "\n")
+    cases = [
+        (["tokenize", "--tokenizer", str(a / "target"), "-i", "chats.jsonl",
+          "--chat-template", "broken.jinja", "-o", "t.jsonl"],
+         "broken.jinja: the chat template refuses it: unexpected '}'"),
+        (["regenerate", "--target", str(a / "target"), "-i", "chats.jsonl", "--chat-template",
+          "broken.jinja", "-o", "r.jsonl"],
+         "broken.jinja: the chat template refuses it: unexpected '}'"),
+        (["mix", "cut.jsonl", "-o", "m.jsonl"], "cut.jsonl:1: malformed JSON: Expecting ',' "
+         "delimiter: column 41 (pass --skip-invalid to skip such records)"),  # the cut
+    ]
+    for args, message in cases:
+        r = runner.invoke(app, args)
+        assert (r.exit_code, r.output.splitlines()[-1]) == (2, f"error: {message}"), args
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.jinja", "chats.jsonl",
+                                                          "cut.jsonl"]

@@ -153,6 +153,21 @@ def tokenize_lines(lines: Iterable[tuple[int, bytes]], job: Job, *, jobs: int = 
             pool.join()
 
 
+def make_renderer(tokenizer: Any, chat_template: str | None, thinking: bool | None
+                  ) -> Renderer:
+    """The renderer of `tokenizer`'s template, or of the --chat-template file `chat_template`,
+    whose errors name that file (a Jinja syntax error shows only when rendering)."""
+    from eagle3kit.data.tokenizer import load_chat_template
+
+    template = load_chat_template(chat_template) if chat_template else None
+    try:
+        return Renderer(tokenizer, chat_template=template, thinking=thinking)
+    except RenderError as e:
+        if chat_template:
+            raise InputError(str(e), path=chat_template) from None
+        raise
+
+
 def default_jobs() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -432,13 +432,12 @@ def run(cfg: RegenerateConfig, console) -> Counts:
 def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collections.Counter,
               previous: GenerationInfo | None, counts: Counts, console) -> None:
     """Generation with the batched engine on this machine's devices."""
-    from eagle3kit.data.tokenizer import load_chat_template
+    from eagle3kit.data.tokenizing import make_renderer
     from eagle3kit.io.hf import resolve_target
     from eagle3kit.jobs.evaluate import stop_ids
 
     tokenizer, key = common.target_tokenizer(cfg.target, required=True)
-    template = load_chat_template(cfg.chat_template) if cfg.chat_template else None
-    renderer = Renderer(tokenizer, chat_template=template, thinking=cfg.thinking)
+    renderer = make_renderer(tokenizer, cfg.chat_template, cfg.thinking)
     ckpt = resolve_target(cfg.target)
     positions = ckpt.config.max_position_embeddings
     if cfg.max_context is None:
