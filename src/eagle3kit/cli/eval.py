@@ -15,7 +15,7 @@ from eagle3kit.cli._common import (
     no_stdout,
     require_files,
 )
-from eagle3kit.cli._params import Attention, Dtype, Mesh, Seed, Target, TargetDtype
+from eagle3kit.cli._params import Attention, EvalDtype, Mesh, Seed, Target, TargetDtype
 from eagle3kit.jobs.config import TTTSettings
 from eagle3kit.jobs.tracking import eval_tracking, log_eval
 
@@ -87,7 +87,7 @@ def eval_cmd(
     batch_size: int = typer.Option(8, min=1, help="Teacher-forced: packed rows per batch."),
     seq_len: int = typer.Option(2048, min=16, help="Teacher-forced: tokens per row."),
     mesh: Mesh = None,
-    dtype: Dtype = "bfloat16",
+    dtype: EvalDtype = "bfloat16",
     target_dtype: TargetDtype = "bfloat16",
     attention: Attention = "auto",
     seed: Seed = 0,

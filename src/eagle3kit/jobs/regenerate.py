@@ -45,6 +45,7 @@ from eagle3kit.jobs import common
 from eagle3kit.jobs.preempt import Preempted, Preemption
 
 TURNS = ("all", "first")
+STOP_AT = "the next sync, keeping every record written"  # what SIGINT/SIGTERM stop at
 DEFAULT_CONTEXT = 4096  # prompt + answer; the KV cache holds --slots rows of this many
 
 
@@ -128,7 +129,7 @@ class Counts:
         return (f"{self.read:,} conversations read: {self.written:,} written"
                 + (f", {self.resumed:,} already in the output" if self.resumed else "")
                 + (f", {drops:,} dropped ({why})" if drops else "")
-                + f"; {self.turns:,} answers ({self.new_tokens:,} tokens, "
+                + f"; {self.turns:,} answer{'s' * (self.turns != 1)} ({self.new_tokens:,} tokens, "
                 f"{self.truncated_turns:,} cut at the token limit)"
                 + (f"; {self.cut_conversations:,} conversations end early (context)"
                    if self.cut_conversations else ""))
@@ -458,7 +459,7 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
         engine = make_engine(cfg, ckpt, stops, console)
     progress = Progress(console, len(work))
     try:
-        with memory(), output_stream(cfg) as stream, Preemption(console.print) as stop, progress:
+        with memory(), output_stream(cfg) as stream, Preemption(console.print, at=STOP_AT) as stop, progress:
             writer = OrderedWriter(stream)
             runner = Runner(cfg, work, renderer, info, writer, counts, progress)
             try:
@@ -502,7 +503,7 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
         rows=cfg.slots, max_context=cfg.max_context, sync_every=cfg.sync_every,
         sampling=Sampling(cfg.temperature, cfg.top_p), seed=cfg.seed))
     console.print(f"regenerate with {ckpt.config.name} on {jax.device_count()} x "
-                  f"{jax.devices()[0].device_kind} (mesh {dict(mesh.shape)}; weights loaded "
+                  f"{jax.devices()[0].device_kind} (mesh {','.join(f'{k}={v}' for k, v in mesh.shape.items())}; weights loaded "
                   f"in {time.perf_counter() - t0:.1f}s; {cfg.slots} slots x {cfg.max_context} "
                   f"positions, KV cache {engine.cache_bytes / 2**30:.2f} GiB)", soft_wrap=True)
     return engine
