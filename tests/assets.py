@@ -216,6 +216,27 @@ def train_assets() -> Path:
     return _train_assets_cache()
 
 
+def random_draft(path: Path, training: dict | None = None) -> Path:
+    """A random draft for the tiny target of `train_assets()`, with its vocab and tokenizer
+    fingerprint (and `training`, the record `train` leaves), saved at `path`."""
+    import jax
+    import numpy as np
+
+    from eagle3kit.core.config import DraftConfig
+    from eagle3kit.core.draft import DraftWeights
+    from eagle3kit.core.sharding import init_weights
+    from eagle3kit.io.draft_io import Draft, read_vocab, save_draft
+    from eagle3kit.io.hf import resolve_target
+
+    a = train_assets()
+    ckpt = resolve_target(a / "target")
+    vocab, meta = read_vocab(a / "vocab.safetensors")
+    cfg = DraftConfig.for_target(ckpt.config, vocab.draft_size)
+    w = jax.tree.map(np.asarray, init_weights(DraftWeights.abstract(cfg), jax.random.key(0)))
+    return save_draft(path, Draft(cfg, w, vocab, "tiny", ckpt.hf_config,
+                                  {"tokenizer": meta["tokenizer"]}, training))
+
+
 def with_renamed_token(source: Path, directory: Path, old: str = "<empty_output>",
                        new: str = "<tool_output>") -> Path:
     """A copy of the model or tokenizer directory `source` whose tokenizer has one token

@@ -74,3 +74,29 @@ def test_documents_point_only_at_files_in_the_repository():
             refs = re.findall(r"[\w./-]+\.md\b", comments)
         for ref in refs:
             assert (source.parent / ref).exists() or (ROOT / ref).exists(), (source, ref)
+
+
+def test_readme_says_how_to_run_the_command_and_every_exit_code():
+    """A new user learns where the command is, what `make install` does, which extra --track
+    needs, and every exit code a command can end with (issue 24, item 10)."""
+    import importlib
+    import pkgutil
+
+    import eagle3kit
+    from eagle3kit.errors import UserError
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for words in ("source .venv/bin/activate", ".venv/bin/eagle3kit", "make install",
+                  "'.[track]'"):
+        assert words in readme, words
+    for m in pkgutil.walk_packages(eagle3kit.__path__, "eagle3kit."):
+        if not m.name.endswith("__main__"):  # which would run the command line
+            importlib.import_module(m.name)
+
+    def classes(c):
+        return [c, *(s for sub in c.__subclasses__() for s in classes(sub))]
+
+    codes = {c.exit_code for c in classes(UserError)} | {130, 143}  # Ctrl-C and SIGTERM
+    listed = readme.split("a non-zero exit (", 1)[1].split(").", 1)[0]
+    for code in sorted(codes):
+        assert re.search(rf"\b{code} ", listed), f"exit code {code} missing from {listed!r}"

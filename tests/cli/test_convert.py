@@ -4,6 +4,7 @@ a published midlayer draft imported with its target, and every refusal as one cl
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -105,16 +106,20 @@ def test_existing_output_needs_force(run_final, tmp_path):
     assert r.exit_code == 2 and "already exists (pass --force to replace it)" in r.output
     assert (tmp_path / "out" / "mine.txt").read_text() == "keep"
     r = convert(run_final, "--to", "sglang", "-o", tmp_path / "out", "--force")
-    assert r.exit_code == 0, r.output
-    assert not (tmp_path / "out" / "mine.txt").exists()
+    assert r.exit_code == 2 and "did not write (mine.txt)" in r.output, r.output
+    assert (tmp_path / "out" / "mine.txt").read_text() == "keep"
 
 
-def test_force_over_a_file_leaves_nothing_behind(run_final, tmp_path):
-    (tmp_path / "out").write_text("a file, not a directory")
+def test_force_over_an_export_leaves_nothing_behind(run_final, tmp_path):
+    assert convert(run_final, "--to", "sglang", "-o", tmp_path / "out").exit_code == 0
     r = convert(run_final, "--to", "sglang", "-o", tmp_path / "out", "--force")
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no .out.old
     assert (tmp_path / "out" / "config.json").is_file()
+    (tmp_path / "file").write_text("a file, not a directory")
+    r = convert(run_final, "--to", "sglang", "-o", tmp_path / "file", "--force")
+    assert r.exit_code == 2 and "is a file" in r.output, r.output
+    assert (tmp_path / "file").read_text() == "a file, not a directory"
 
 
 def test_dash_is_not_a_directory_name(run_final, tmp_path, monkeypatch):
@@ -166,3 +171,37 @@ def test_real_process_exit_code(run_final, tmp_path):
     # the training output recorded a local target path: warned about, still written
     assert p.returncode == 0, p.stderr
     assert p.stdout == "" and "not a Hub id" in p.stderr
+
+
+def test_force_replaces_only_an_earlier_export(run_final, tmp_path):
+    """`--force` never deletes a training output or a user's files: an output that is, holds
+    or lies inside the source, or an existing directory that is not (only) an export of ours,
+    is refused before anything is read or written (issue 24, item 1)."""
+    run = tmp_path / "run"
+    shutil.copytree(run_final, run / "final")
+    (run / "config.json").write_text("{}")
+    (run / "checkpoints").mkdir()
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("x")
+    export = tmp_path / "export"
+    assert convert(run_final, "--to", "sglang", "-o", export).exit_code == 0
+    (export / "README.md").write_text("my own card\n")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    cases = [
+        (run / "final", run / "final", "is the source draft"),
+        (run / "final", run, "holds the source draft"),
+        (run / "final", run / "final" / "sub", "lies inside the source draft"),
+        (run_final, precious, "holds files eagle3kit did not write (notes.txt)"),
+        (run_final, export, "holds files eagle3kit did not write (README.md)"),
+        (run_final, run / "final", "is the draft of the training run"),
+    ]
+    for source, out, message in cases:
+        r = convert(source, "--to", "sglang", "-o", out, "--force")
+        assert r.exit_code == 2 and message in r.output, (out, r.output)
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    (export / "README.md").unlink()  # now only what convert wrote: replaced
+    r = convert(run_final, "--to", "speculators", "-o", export, "--force")
+    assert r.exit_code == 0, r.output
+    assert json.loads((export / "eagle3kit.json").read_text())["engine_format"] == "speculators"

@@ -3,10 +3,18 @@ spaces and unicode come back exactly as given, in one `error:` line, with nothin
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
 from eagle3kit.cli.app import app
+from tests import assets
 
 runner = CliRunner()
 ODD = ["missing[bold].jsonl", "a[/x]b.jsonl", "f:-1:.jsonl", "with space é.jsonl", "[red]x"]
@@ -42,3 +50,233 @@ def test_odd_names_in_file_contents_and_line_numbers(tmp_path, monkeypatch):
     (tmp_path / name).write_text('{"id": "[/x]", "conversations": 7}\n')
     r = runner.invoke(app, ["mix", name])
     assert r.exit_code == 2 and r.output.startswith(f"error: {name}:1: "), r.output
+
+
+# ---- the corpus of bad outputs (issue 24): refused before any work, naming the path given --
+
+def _unwritable() -> str:
+    """A directory nobody can create files in, root included (sysfs), else skip."""
+    import tempfile
+
+    try:
+        tempfile.NamedTemporaryFile(dir="/sys").close()
+    except OSError:
+        return "/sys"
+    pytest.skip("/sys is writable here")
+
+
+def bad_outputs(tmp_path) -> list[tuple[list[str], str]]:
+    """(arguments, the error line after `error: `) of every output path users get wrong."""
+    (tmp_path / "e.txt").write_text("a file")
+    (tmp_path / "existing_dir").mkdir()
+    (tmp_path / "in.jsonl").write_text("{}\n")
+    sysdir = _unwritable()
+    file_writers = {  # command -> its arguments before the output path
+        "mix": ["mix", "in.jsonl", "-o"],
+        "tokenize": ["tokenize", "--tokenizer", "org/never-loaded", "-i", "in.jsonl", "-o"],
+        "vocab-select": ["vocab-select", "-i", "in.jsonl", "-o"],
+        "regenerate": ["regenerate", "--target", "org/never-loaded", "-i", "in.jsonl", "-o"],
+        "eval --samples": ["eval", "--target", "org/never-loaded", "--draft", "d",
+                           "--prompts", "mt-bench", "--samples"],
+        "eval --plot": ["eval", "--target", "org/never-loaded", "--draft", "d",
+                        "--prompts", "mt-bench", "--plot"],
+    }
+    cases = []
+    for command, args in file_writers.items():
+        option = args[-1]
+        dot = f".: is an existing directory; {option} needs a new name to write"
+        cases += [
+            (args + ["."], dot),  # a Path option reads "" as "."
+            (args + [""], dot if command.startswith("eval") else
+             f"{option} '': an empty path; give a file name"),
+            (args + ["existing_dir"], f"existing_dir: is a directory; {option} needs a file name"),
+            (args + ["e.txt/x.out"], f"e.txt/x.out: e.txt is a file, not a directory ({option})"),
+            (args + [f"{sysdir}/x.out"],
+             f"{sysdir}/x.out: cannot write in {sysdir} (Permission denied; {option})"),
+        ]
+    convert = ["convert", "d", "--to", "sglang", "--force", "-o"]
+    train = ["train", "--target", "org/never-loaded", "--data", "in.jsonl", "--vocab",
+             "in.jsonl", "--out"]
+    cases += [
+        (convert + ["."], ".: is an existing directory; -o needs a new name to write"),
+        (convert + ["e.txt/x"], "e.txt/x: e.txt is a file, not a directory (-o)"),
+        (train + ["e.txt/run"], "e.txt/run: e.txt is a file, not a directory (--out)"),
+        (train + [f"{sysdir}/run"],
+         f"{sysdir}/run: cannot write in {sysdir} (Permission denied; --out)"),
+    ]
+    return cases
+
+
+def test_bad_outputs_are_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for args, message in bad_outputs(tmp_path):
+        before = sorted(p.name for p in tmp_path.rglob("*"))
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output == f"error: {message}\n", (args, r.output)
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before, args
+
+
+# ---- SIGTERM is SIGINT: clean up, one line, exit 143 (issue 24, item 4) ---------------------
+
+def _terminate_once_writing(args: list[str], cwd: Path, out: str) -> subprocess.CompletedProcess:
+    """Runs `eagle3kit ARGS` in `cwd`, sends SIGTERM once its temporary output has data."""
+    p = subprocess.Popen([sys.executable, "-m", "eagle3kit", *args], cwd=cwd,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        if any(t.stat().st_size > 0 for t in cwd.glob(f".{out}.*.tmp")):
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, "finished before it could be stopped; give it more input"
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    return subprocess.CompletedProcess(p.args, p.returncode, "", err)
+
+
+@pytest.mark.parametrize("command", ["mix", "tokenize -j 1", "tokenize -j 2"])
+def test_sigterm_cleans_up_like_sigint(command, tmp_path):
+    chats = tmp_path / "chats.jsonl"
+    if command == "mix":  # the real ShareGPT file, all of it: seconds of writing
+        args = ["mix", str(assets.sharegpt_path()), "-o", "out.jsonl"]
+    else:
+        with open(chats, "w") as f:
+            for i in range(40_000):
+                f.write(json.dumps({"id": str(i), "messages": [
+                    {"role": "user", "content": f"question {i}"},
+                    {"role": "assistant", "content": f"answer {i} " * 20}]}) + "\n")
+        args = ["tokenize", "--tokenizer", str(assets.smollm2_gguf()), "-i", str(chats),
+                "-o", "out.jsonl", *command.split()[1:]]
+    p = _terminate_once_writing(args, tmp_path, "out.jsonl")
+    assert p.returncode == 143, p.stderr
+    assert p.stderr.splitlines()[-1] == "terminated", p.stderr
+    assert "Traceback" not in p.stderr and "Error" not in p.stderr, p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == sorted(
+        ["chats.jsonl"] if chats.exists() else [])
+
+
+# ---- the corpus of bad options (issue 24): one error line, the class's exit code -----------
+
+NEVER = "org/never-loaded"  # refused before any model is read
+BAD_OPTIONS = [
+    (["train", "--target", NEVER, "--data", "d", "--vocab", "v", "--out", "run",
+      "--max-steps", "0"], 2, "--max-steps 0: must be at least 1"),
+    (["train", "--target", NEVER, "--data", "d", "--vocab", "v", "--out", "run",
+      "--max-steps", "-3"], 2, "--max-steps -3: must be at least 1"),
+]
+
+
+@pytest.mark.parametrize("args, code, message", BAD_OPTIONS)
+def test_bad_options_are_one_line(args, code, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, args)
+    assert r.exit_code == code, r.output
+    assert r.output == f"error: {message}\n", r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny target with SmolLM2's tokenizer (256 positions), its data and vocab, and a
+    random draft for it trained, it says, with --ttt-length 3."""
+    a = assets.train_assets()
+    draft = assets.random_draft(tmp_path_factory.mktemp("errors") / "draft", {"ttt_length": 3})
+    return a, draft
+
+
+def test_limits_of_the_target_and_the_draft_are_one_line(tiny, tmp_path, monkeypatch):
+    """Refused against what the target and draft are, not a traceback or an out-of-memory:
+    --seq-len beyond the target's positions (train leaves no run behind), a tree shape that
+    the draft's own K (3, not the default 7) cannot make."""
+    a, draft = tiny
+    monkeypatch.chdir(tmp_path)
+    target = ["--target", str(a / "target")]
+    cases = [
+        (["train", *target, "--data", str(a / "train.jsonl"), "--vocab",
+          str(a / "vocab.safetensors"), "--out", "run", "--seq-len", "100000"],
+         f"--seq-len 100000 exceeds the target's 256 positions ({a / 'target'})"),
+        (["eval", *target, "--draft", str(draft), "--data", str(a / "heldout.jsonl"),
+          "--seq-len", "100000"],
+         f"--seq-len 100000 exceeds the target's 256 positions ({a / 'target'})"),
+        (["eval", *target, "--draft", str(draft), "--prompts", "mt-bench", "--topk", "4",
+          "--draft-tokens", "100"], "--steps 3 (the draft's --ttt-length) --topk 4 "
+         "--draft-tokens 100: draft tokens 100 outside 2..37: 3 steps of top-4 propose 36 "
+         "candidates"),
+        (["eval", *target, "--draft", str(draft), "--prompts", "mt-bench", "--draft-tokens",
+          "10"], "--steps 3 (the draft's --ttt-length) --topk 1 --draft-tokens 10: a chain "
+         "(topk 1) verifies steps + 1 = 4 draft tokens, not 10"),
+    ]
+    for args, message in cases:
+        r = runner.invoke(app, args)
+        assert (r.exit_code, r.output) == (2, f"error: {message}\n"), args
+        assert list(tmp_path.iterdir()) == [], args
+
+
+def _limited(args: list[str], cwd: Path, gib: int = 8) -> subprocess.CompletedProcess:
+    """`eagle3kit ARGS` with its address space capped: an allocation past it fails at once,
+    as a device's does, instead of paging this machine to death."""
+    start = (f"import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, "
+             f"({gib << 30}, {gib << 30})); sys.argv = ['eagle3kit'] + sys.argv[1:]; "
+             "runpy.run_module('eagle3kit', run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", start, *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=300)
+
+
+def test_out_of_memory_in_generation_is_exit_4_with_the_flags_to_lower(tiny, tmp_path):
+    """As train's: a KV cache or a decode program that does not fit is a ResourceError
+    naming the options, not a RESOURCE_EXHAUSTED traceback (issue 24, item 2)."""
+    a, draft = tiny
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"id": "a", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n")
+    p = _limited(["regenerate", "--target", str(a / "target"), "-i", str(chats), "-o",
+                  "out.jsonl", "--slots", "1000000", "--max-context", "256",
+                  "--max-new-tokens", "8"], tmp_path)
+    assert p.returncode == 4, p.stderr
+    assert p.stderr.splitlines()[-1] == (
+        "error: out of device memory for --slots 1000000 x --max-context 256: lower --slots "
+        "or --max-context (or add devices: --mesh)"), p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["chats.jsonl"]
+
+
+@pytest.mark.slow  # a minute: eval compiles its decoding before the batched run runs out
+def test_out_of_memory_in_eval_generation_is_exit_4(tiny, tmp_path):
+    a, draft = tiny
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]})
+                     + "\n")
+    p = _limited(["eval", "--target", str(a / "target"), "--draft", str(draft), "--prompts",
+                  str(chats), "--max-new-tokens", "4", "--concurrency", "1000000", "--json"],
+                 tmp_path)
+    assert p.returncode == 4 and p.stdout == "", p.stderr
+    assert p.stderr.splitlines()[-1] == (
+        "error: out of device memory for --max-new-tokens 4 at --concurrency 1000000: lower "
+        "--max-new-tokens, the --concurrency batch sizes or --limit (long prompts), or add "
+        "devices: --mesh tensor=N"), p.stderr
+
+
+def test_errors_name_the_file_and_the_place(tiny, tmp_path, monkeypatch):
+    """A --chat-template that Jinja cannot parse is named; a cut JSONL line says where it
+    stops (issue 24, item 8)."""
+    a, _ = tiny
+    monkeypatch.chdir(tmp_path)
+    Path("broken.jinja").write_text("{% for m in messages %}{{ m.content }")
+    chat = {"id": "a", "messages": [{"role": "user", "content": "hi"},
+                                    {"role": "assistant", "content": "hello"}]}
+    Path("chats.jsonl").write_text(json.dumps(chat) + "\n")
+    Path("cut.jsonl").write_text(json.dumps(chat)[:40] + "\n")
+    cases = [
+        (["tokenize", "--tokenizer", str(a / "target"), "-i", "chats.jsonl",
+          "--chat-template", "broken.jinja", "-o", "t.jsonl"],
+         "broken.jinja: the chat template refuses it: unexpected '}'"),
+        (["regenerate", "--target", str(a / "target"), "-i", "chats.jsonl", "--chat-template",
+          "broken.jinja", "-o", "r.jsonl"],
+         "broken.jinja: the chat template refuses it: unexpected '}'"),
+        (["mix", "cut.jsonl", "-o", "m.jsonl"], "cut.jsonl:1: malformed JSON: Expecting ',' "
+         "delimiter: column 41 (pass --skip-invalid to skip such records)"),  # the cut
+    ]
+    for args, message in cases:
+        r = runner.invoke(app, args)
+        assert (r.exit_code, r.output.splitlines()[-1]) == (2, f"error: {message}"), args
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.jinja", "chats.jsonl",
+                                                          "cut.jsonl"]

@@ -119,6 +119,7 @@ def test_from_a_file_to_a_file_equals_stdin_to_stdout(target, chats, reference, 
     r = regenerate("--target", target, *COMMON, "-i", chats, "-o", out)
     assert r.exit_code == 0, r.output
     assert out.read_bytes() == reference
+    assert "(mesh data=1,tensor=1;" in r.output, r.output  # as --mesh is written
     again = regenerate("--target", target, *COMMON, "-i", chats, "-o", out)
     assert again.exit_code == 2 and "--resume" in again.output and "--force" in again.output
     # resuming a complete file does nothing; other settings are refused before any work
@@ -158,6 +159,8 @@ def test_conversations_that_cannot_be_answered_are_counted_not_fatal(target):
     assert r.exit_code == 0, r.output
     assert [x.id for x in records(r.stdout_bytes)] == ["ok", "late"]
     assert len(records(r.stdout_bytes)[1].messages) == 2
+    one = regenerate("--target", target, *COMMON, input=encode(ok))
+    assert "; 1 answer (" in one.output, one.output
     assert "1 no user turn to answer" in r.output
     assert "1 prompt longer than --max-context" in r.output
     assert "1 conversations end early" in r.output
@@ -232,6 +235,8 @@ def test_sigterm_stops_with_exit_75_and_resumes(target, chats, reference, tmp_pa
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err.decode()
     assert "SIGTERM" in err.decode() and "--resume" in err.decode()
+    assert "stopping at the next sync, keeping every record written" in err.decode()
+    assert "checkpoint" not in err.decode()  # regenerate has none
     kept = records(out.read_bytes())
     assert 1 <= len(kept) < 10
     ids = collections.Counter(x.id for x in kept)

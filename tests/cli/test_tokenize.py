@@ -165,3 +165,19 @@ def test_skip_invalid_counts(chats, tmp_path):
 def test_help_ends_with_a_runnable_example():
     r = runner.invoke(app, ["tokenize", "--help"])
     assert r.exit_code == 0 and "Example:" in r.stdout and "eagle3kit tokenize" in r.stdout
+
+
+def test_no_torch_advice_on_stderr(smollm2_gguf, chats, tmp_path):
+    """Without torch (no command needs it) transformers' "PyTorch was not found" advice is
+    not printed by a command that loads a tokenizer (issue 24, item 11)."""
+    import subprocess
+    import sys
+
+    hide_torch = ("import runpy, sys; sys.modules['torch'] = None; "
+                  "sys.argv = ['eagle3kit'] + sys.argv[1:]; "
+                  "runpy.run_module('eagle3kit', run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", hide_torch, "tokenize", "--tokenizer",
+                        str(smollm2_gguf), "-i", str(chats), "-o", str(tmp_path / "t.jsonl"),
+                        "-j", "1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "PyTorch" not in p.stderr and p.stderr.startswith("tokenizer "), p.stderr

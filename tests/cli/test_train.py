@@ -118,8 +118,17 @@ def test_train_resume_equals_uninterrupted(a, tmp_path):
     shutil.rmtree(first / "final")
     r = invoke(base_args(a, first, "--max-steps", "4", "--resume"))
     assert r.exit_code == 0, r.output
-    assert "has no checkpoint yet" in r.output and "starting from step 1" in r.output
+    assert "stopped before its first checkpoint" in r.output, r.output
+    assert "starting it over from step 1" in r.output, r.output
     assert [(x["step"], x["loss"], x["lr"]) for x in rows(first)] == expected
+    # ... nor does it block its --out for a run with other settings, with or without
+    # --resume: a config.json without a checkpoint claims no run (issue 24, item 5)
+    for resume in ([], ["--resume"]):
+        shutil.rmtree(first / "checkpoints")
+        shutil.rmtree(first / "final")
+        r = invoke(base_args(a, first, "--max-steps", "1", "--seed", "5", *resume))
+        assert r.exit_code == 0 and "starting it over" in r.output, r.output
+        assert [x["step"] for x in rows(first)] == [1]
 
 
 def test_same_batch_on_one_device_and_on_a_mesh(a, tmp_path):
@@ -258,7 +267,7 @@ def test_refuses_existing_run_and_changed_config(a, tmp_path):
     r = invoke(base_args(a, out, "--max-steps", "2"))
     assert r.exit_code != 0 and "already holds a run" in r.output
     r = invoke(base_args(a, out, "--max-steps", "3", "--resume", "--seed", "5"))
-    assert r.exit_code == 3 and "--seed" in r.output
+    assert r.exit_code == 3 and "--seed" in r.output and "in another --out" in r.output
 
 
 def test_eagle31_draft_trains_and_its_architecture_is_kept(a, tmp_path):

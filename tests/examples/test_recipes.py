@@ -240,3 +240,19 @@ def test_presets_multi_host_and_resume(tmp_path):
     (out / "v1" / "run" / "config.json").write_text("{}")
     (train,) = eagle3kit(commands("llama", "train", *common))["train"]
     assert "--resume" in train
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_plain_make_uploads_nothing_and_finds_sharegpt(family, tmp_path):
+    """`make` alone stops at the model card (its push is a --dry-run); `make push` refuses
+    the placeholder organisation; SHAREGPT defaults to the file inside the installed
+    package, as `make demo` finds it (issue 24, item 9)."""
+    out = "OUT=" + str(tmp_path / "r")
+    cmds = eagle3kit(commands(family, out, "SHAREGPT=s.json"))
+    assert cmds["push"] and all("--dry-run" in a for a in cmds["push"]), cmds["push"]
+    r = make(family, "-n", "push", out, "SHAREGPT=s.json")
+    assert r.returncode != 0 and "is the placeholder: set HF_ORG" in r.stderr, r.stderr
+    *card, push = eagle3kit(commands(family, "push", out, "SHAREGPT=s.json", "HF_ORG=me"))["push"]
+    assert push[push.index("--repo-id") + 1].startswith("me/") and "--dry-run" not in push
+    (mix,) = eagle3kit(commands(family, "data", out, f"PY={sys.executable}"))["mix"]
+    assert mix[0] == f"{assets.sharegpt_path()}:0.45"

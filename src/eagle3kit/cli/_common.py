@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,17 +33,30 @@ def debug_enabled() -> bool:
     return os.environ.get("EAGLE3KIT_DEBUG", "") not in ("", "0")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so it unwinds as Ctrl-C does: every `finally`
+    runs (temporary files removed, worker pools stopped), then one line and exit 143."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turns `UserError` (and file-system errors) into one red line and a meaningful exit code.
 
-    With `--debug` (or EAGLE3KIT_DEBUG=1) the traceback is kept.
+    SIGTERM (a batch scheduler, `kill`, `timeout`) is treated as SIGINT is: the command stops,
+    cleans up, says so in one line and exits 143 (128 + 15, as 130 is 128 + SIGINT). Jobs that
+    stop at a safe point instead (`train`, `regenerate`: jobs/preempt.py) install their own
+    handler for their duration. With `--debug` (or EAGLE3KIT_DEBUG=1) the traceback is kept.
     """
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        previous = signal.signal(signal.SIGTERM, _terminate)
         try:
             return fn(*args, **kwargs)
-        except (UserError, FileNotFoundError, IsADirectoryError, PermissionError,
-                FileExistsError) as e:
+        except (UserError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+                PermissionError, FileExistsError) as e:
             if debug_enabled():
                 raise
             console.print(styled("error:", "red", f" {_describe(e)}"))
@@ -49,9 +64,14 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except BrokenPipeError:  # `... | head`: the reader left; not an error
             sys.stderr.close()
             raise typer.Exit(0) from None
+        except Terminated:
+            console.print(styled("terminated", "yellow"))
+            raise typer.Exit(143) from None
         except KeyboardInterrupt:
             console.print(styled("interrupted", "yellow"))
             raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return wrapper
 
 
@@ -77,6 +97,44 @@ def require_files(**options: str | os.PathLike | None) -> None:
         if p.is_dir():
             raise InputError(f"is a directory, expected a file (--{name.replace('_', '-')})",
                              path=path)
+
+
+def check_output(path: str | os.PathLike | None, option: str, kind: str = "file") -> None:
+    """Fail fast: an output path can be written, before any work. One check for every command
+    that writes; `-` and None (stdout, or not asked for) pass.
+
+    `kind`: "file" (written atomically), "dir" (a run directory written into) or "replace"
+    (a directory written whole, then renamed over the path). Refuses an empty name; `.`, `..`
+    or `/` where a file or a replaced directory is named; a file output that is a directory;
+    a directory output that is a file; a path below a file; and a directory the user cannot
+    create files in (tried with a temporary file, removed at once). Errors name the path as
+    given.
+    """
+    if path is None or str(path) == "-":
+        return
+    given = str(path)
+    if not given.strip():
+        raise UserError(f"{option} {given!r}: an empty path; give a file name")
+    p = Path(given)
+    if kind != "dir" and (p.name in ("", ".", "..") or p.resolve() == Path(p.resolve().anchor)):
+        raise UserError(f"is an existing directory; {option} needs a new name to write",
+                        path=given)
+    if kind == "file" and p.is_dir():
+        raise UserError(f"is a directory; {option} needs a file name", path=given)
+    if kind != "file" and p.exists() and not p.is_dir():
+        raise UserError(f"is a file; {option} is a directory", path=given)
+    parent = p.parent if kind != "dir" or not p.is_dir() else p
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # the nearest existing ancestor must be a writable directory
+    if not parent.is_dir():
+        raise UserError(f"{parent} is a file, not a directory ({option})", path=given)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".eagle3kit-probe.", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"cannot write in {parent} ({e.strerror or e}; {option})",
+                        path=given) from None
 
 
 def no_stdout(path: str | os.PathLike | None, option: str, what: str) -> None:

@@ -44,6 +44,10 @@ Dtype = Annotated[str, typer.Option(
     callback=_dtype("--dtype"),
     help="Draft compute dtype: bfloat16 or float32 (training keeps float32 master weights and "
          "optimizer state).")]
+EvalDtype = Annotated[str, typer.Option(
+    "--dtype", callback=_dtype("--dtype"),
+    help="The draft's compute dtype while drafting and scoring: bfloat16 or float32 (its "
+         "weights are read as saved and cast).")]
 TargetDtype = Annotated[str, typer.Option(
     callback=_dtype("--target-dtype"), help="Target weights: bfloat16 or float32.")]
 Attention = Annotated[str, typer.Option(

@@ -8,6 +8,10 @@ import typer
 
 from eagle3kit import __version__
 
+# transformers warns on import that "PyTorch was not found"; no command needs torch (GGUF
+# tokenizers are read without it), so the advice is noise on every tokenizer-loading command
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
 app = typer.Typer(
     name="eagle3kit",
     help="Train EAGLE3 speculative-decoding draft heads in pure JAX.\n\n"

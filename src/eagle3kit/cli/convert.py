@@ -7,7 +7,14 @@ from pathlib import Path
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors, no_stdout, styled
+from eagle3kit.cli._common import (
+    check_output,
+    console,
+    example,
+    handle_errors,
+    no_stdout,
+    styled,
+)
 from eagle3kit.errors import UserError
 
 EXAMPLE = """
@@ -62,7 +69,8 @@ def convert(
                                            "the speculators config (vLLM's default)."),
     source_format: str = typer.Option("auto", "--from", help="Source format when detection "
                                       "is ambiguous: eagle3kit, sglang or speculators."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output directory "
+                               "that holds an earlier export (and nothing else)."),
 ) -> None:
     """Convert a draft between eagle3kit, SGLang and speculators (vLLM) formats.
 
@@ -74,15 +82,17 @@ def convert(
     turns into the model card. The output appears complete or not at all.
     Imports take a directory or Hub id in any format (auto-detected).
     """
-    from eagle3kit.formats import common, export_draft, load_any_draft
+    from eagle3kit.formats import check_replaceable, common, export_draft, load_any_draft
 
     route_warnings()
     _check_choice(to, FORMATS, "--to")
     _check_choice(source_format, ("auto", *FORMATS), "--from")
     dtype = common.dtype_name(dtype)
     no_stdout(out, "-o", "an export (a directory of files)")
+    check_output(out, "-o", "replace")
     if out.exists() and not force:
         raise UserError("already exists (pass --force to replace it)", path=out)
+    check_replaceable(out, source)
     draft = load_any_draft(source, target=target, target_name=target_name, fmt=source_format)
     cfg = draft.config
     console.print(f"read {source}: draft for {draft.target_name or '?'}, "

@@ -7,8 +7,15 @@ from pathlib import Path
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors, no_stdout, require_files
-from eagle3kit.cli._params import Attention, Dtype, Mesh, Seed, Target, TargetDtype
+from eagle3kit.cli._common import (
+    check_output,
+    console,
+    example,
+    handle_errors,
+    no_stdout,
+    require_files,
+)
+from eagle3kit.cli._params import Attention, EvalDtype, Mesh, Seed, Target, TargetDtype
 from eagle3kit.jobs.config import TTTSettings
 from eagle3kit.jobs.tracking import eval_tracking, log_eval
 
@@ -80,7 +87,7 @@ def eval_cmd(
     batch_size: int = typer.Option(8, min=1, help="Teacher-forced: packed rows per batch."),
     seq_len: int = typer.Option(2048, min=16, help="Teacher-forced: tokens per row."),
     mesh: Mesh = None,
-    dtype: Dtype = "bfloat16",
+    dtype: EvalDtype = "bfloat16",
     target_dtype: TargetDtype = "bfloat16",
     attention: Attention = "auto",
     seed: Seed = 0,
@@ -113,8 +120,10 @@ def eval_cmd(
     if samples is not None and str(samples) == "-" and json_out:
         raise typer.BadParameter("stdout carries the --json result; write samples to a file",
                                  param_hint="--samples")
+    check_output(plot, "--plot")  # before the work, not after an hour of decoding
+    check_output(samples, "--samples")
     if plot is not None:
-        require_matplotlib()  # before the work, not after an hour of decoding
+        require_matplotlib()
     tracking = eval_tracking(track, track_dir, draft)
     cfg = EvalConfig(
         target=target, draft=draft, data=data, prompts=prompts, mode=mode, steps=steps,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors, styled
+from eagle3kit.cli._common import check_output, console, example, handle_errors, styled
 from eagle3kit.errors import InputError
 
 EXAMPLE = """
@@ -53,6 +53,7 @@ def mix(
     if fmt not in FORMATS:
         raise typer.BadParameter(f"{fmt!r}; choose one of {', '.join(FORMATS)}",
                                  param_hint="--format")
+    check_output(out, "-o")
     specs = [parse_source(s) for s in sources]
     if sum(s.location == "-" for s in specs) > 1:
         raise typer.BadParameter("stdin (-) can be read only once", param_hint="SOURCE")

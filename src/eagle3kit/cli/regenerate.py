@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors
+from eagle3kit.cli._common import check_output, console, example, handle_errors
 from eagle3kit.cli._params import Mesh, Seed, Target, TargetDtype
 
 EXAMPLE = """
@@ -112,6 +112,8 @@ def regenerate(
     and take several answers per conversation (--samples) to scale the data.
     """
     from eagle3kit.jobs.regenerate import RegenerateConfig, run
+
+    check_output(out, "-o")
 
     cfg = RegenerateConfig(
         target=target, input=input, out=out, temperature=temperature, top_p=top_p, top_k=top_k,

@@ -6,7 +6,13 @@ import time
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors, require_files
+from eagle3kit.cli._common import (
+    check_output,
+    console,
+    example,
+    handle_errors,
+    require_files,
+)
 from eagle3kit.errors import InputError
 
 EXAMPLE = """
@@ -48,18 +54,26 @@ def tokenize(
     differs from theirs. Conversations the template cannot render faithfully, or with no
     assistant token left after --max-length, are dropped and counted on stderr.
     """
-    from eagle3kit.data.chat import Renderer
     from eagle3kit.data.fingerprint import tokenizer_fingerprint
     from eagle3kit.data.records import display_name, iter_lines
     from eagle3kit.data.tokenizer import load_chat_template, load_tokenizer, tokenizer_name
-    from eagle3kit.data.tokenizing import Job, TokenizeReport, default_jobs, tokenize_lines
+    from eagle3kit.data.tokenizing import (
+        Job,
+        TokenizeReport,
+        default_jobs,
+        make_renderer,
+        tokenize_lines,
+    )
     from eagle3kit.io.atomic import open_output
 
     require_files(input=input, chat_template=chat_template)  # before the tokenizer's seconds
-    template = load_chat_template(chat_template) if chat_template else None
+    check_output(out, "-o")
+    if chat_template:
+        load_chat_template(chat_template)  # a file that is no template fails before loading
     with console.status(f"loading tokenizer {tokenizer}"):
         tok = load_tokenizer(tokenizer)
-    renderer = Renderer(tok, chat_template=template, thinking=thinking)  # checks the template
+    renderer = make_renderer(tok, chat_template, thinking)  # checks the template
+    template = renderer.template if chat_template else None
     fp = tokenizer_fingerprint(tok, tokenizer_name(tokenizer), renderer.template)
     jobs = jobs or default_jobs()
     console.print(f"tokenizer {fp.name} ({fp.vocab_size:,} tokens, fingerprint {fp.key}), "

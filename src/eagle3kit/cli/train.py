@@ -6,7 +6,15 @@ from pathlib import Path
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors, no_stdout, require_files, styled
+from eagle3kit.cli._common import (
+    check_output,
+    console,
+    example,
+    handle_errors,
+    no_stdout,
+    require_files,
+    styled,
+)
 from eagle3kit.cli._params import (
     Attention,
     Coordinator,
@@ -124,6 +132,7 @@ def train(
     if out.exists() and not out.is_dir():
         raise UserError("is a file; --out is a run directory (choose a new path, or an "
                         "existing run with --resume)", path=out)
+    check_output(out, "--out", "dir")
 
     with Preemption(lambda text: console.print(styled(text, "yellow"))) as stop:
         from eagle3kit.jobs import common  # JAX loads here, under the signal handlers

@@ -6,7 +6,14 @@ import sys
 
 import typer
 
-from eagle3kit.cli._common import console, example, handle_errors, require_files, styled
+from eagle3kit.cli._common import (
+    check_output,
+    console,
+    example,
+    handle_errors,
+    require_files,
+    styled,
+)
 from eagle3kit.errors import UserError
 
 EXAMPLE = """
@@ -40,6 +47,7 @@ def vocab_select(
     from eagle3kit.io.draft_io import write_vocab
 
     require_files(input=input)
+    check_output(out, "-o")
     if out == "-" and sys.stdout.isatty():
         raise UserError("-o -: a vocab file is binary safetensors; redirect stdout to a file "
                         "or pipe, or give a file name")

@@ -136,9 +136,9 @@ class Reader:
                 number += 1
                 where = f"{path}:{line_no}"
                 try:
-                    yield Raw(where, number, json.loads(line))
+                    yield Raw(where, number, json.loads(line.rstrip()))
                 except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    yield Raw(where, number, error=_json_why(e))
+                    yield Raw(where, number, error=_json_why(e, column=True))
 
     def _json_array(self) -> Iterator[Raw]:
         """Elements of a top-level array, decoded one at a time from a sliding buffer."""
@@ -322,5 +322,9 @@ def _decode(decoder: codecs.IncrementalDecoder, chunk: bytes, path: str, line: i
         raise InputError(f"invalid UTF-8 after line {line} ({e.reason})", path=path) from None
 
 
-def _json_why(e: Exception) -> str:
-    return e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+def _json_why(e: Exception, column: bool = False) -> str:
+    """Why a JSON text failed, with the column in the line when `column` (a JSONL line: a cut
+    one says where it stops); a record of a .json array gives its own line instead."""
+    if not isinstance(e, json.JSONDecodeError):
+        return str(e)
+    return f"{e.msg}: column {e.pos + 1}" if column else e.msg

@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -56,6 +57,13 @@ def _init(job: Job) -> None:
     global _worker
     _worker = (job, Renderer(job.tokenizer, chat_template=job.chat_template,
                              thinking=job.thinking))
+
+
+def _init_worker(job: Job) -> None:
+    # the parent stops the pool on SIGTERM (pool.terminate sends it): a forked worker must
+    # die of it, not run the parent's handler (cli/_common.py) and print a traceback
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _init(job)
 
 
 def _one(job: Job, renderer: Renderer, number: int, line: bytes) -> tuple:
@@ -117,7 +125,7 @@ def tokenize_lines(lines: Iterable[tuple[int, bytes]], job: Job, *, jobs: int = 
         results = map(_batch, _batches(lines))
         pool = None
     else:
-        pool = _context().Pool(jobs, initializer=_init, initargs=(job,))
+        pool = _context().Pool(jobs, initializer=_init_worker, initargs=(job,))
         results = pool.imap(_batch, _batches(lines))
     try:
         for batch in results:
@@ -143,6 +151,21 @@ def tokenize_lines(lines: Iterable[tuple[int, bytes]], job: Job, *, jobs: int = 
         if pool is not None:
             pool.terminate()
             pool.join()
+
+
+def make_renderer(tokenizer: Any, chat_template: str | None, thinking: bool | None
+                  ) -> Renderer:
+    """The renderer of `tokenizer`'s template, or of the --chat-template file `chat_template`,
+    whose errors name that file (a Jinja syntax error shows only when rendering)."""
+    from eagle3kit.data.tokenizer import load_chat_template
+
+    template = load_chat_template(chat_template) if chat_template else None
+    try:
+        return Renderer(tokenizer, chat_template=template, thinking=thinking)
+    except RenderError as e:
+        if chat_template:
+            raise InputError(str(e), path=chat_template) from None
+        raise
 
 
 def default_jobs() -> int:

@@ -8,10 +8,14 @@ programs compiled once per shape:
     prefill   P new prompts (padded to a bucket of P rows x T tokens) start in free rows: one
               forward writes their keys and samples each one's first token. Prompts longer than
               `prefill_chunk` are prefilled in pieces that read the keys written before.
-    decode    `sync_every` steps of all C rows in one device program (a `lax.fori_loop`): each
-              step feeds every row its newest token and samples the next. Finished and free
-              rows idle (they write nothing a live query can read). The host syncs once per
-              program, collects the tokens, retires finished rows and refills them.
+    decode    up to `sync_every` steps of all C rows in one device program (a while loop):
+              each step feeds every row its newest token and samples the next. Finished and
+              free rows idle (they write nothing a live query can read). The program ends
+              early once no row is live, or once a row finished while requests wait, so no
+              step is run for nothing and no request waits on idle rows: the plain baseline
+              of `eval --concurrency` does exactly the useful work, as the speculative engine
+              does. The host syncs once per program, collects the tokens, retires finished
+              rows and refills them.
 
 Attention reads only the first `window` positions of each row, a bound over the longest live
 sequence (`window_bucket`), so short sequences never pay for the cache's full length. Layers
@@ -203,10 +207,26 @@ def _prefill(w, cache, state, base_key, stop_ids, tokens_PxT, rows_P, starts_P, 
     return cache, state, token
 
 
-def _decode(w, cache, state, base_key, stop_ids, *, cfg: TargetConfig, sampling: Sampling,
-            steps: int, window: int):
-    """`steps` decoding steps of every row -> (cache, state, tokens [C, steps], -1 where a
-    row emitted nothing)."""
+def run_steps(body, carry: tuple, steps: int, waiting, state_at: int) -> tuple:
+    """`body(i, carry) -> carry` for i = 0, 1, ... while fewer than `steps` ran, a row is still
+    live, and no row live at the start has finished while `waiting` (requests queued for it):
+    both engines' device programs, so no step runs for nothing and a freed row is refilled
+    at once. `carry[state_at]` is the rows' state (its `active` [C]); returns (steps run,
+    *carry)."""
+    live_at_start = carry[state_at].active
+
+    def more(c):
+        active = c[1 + state_at].active
+        return (c[0] < steps) & active.any() & ~(waiting & (live_at_start & ~active).any())
+
+    return jax.lax.while_loop(more, lambda c: (c[0] + 1, *body(c[0], c[1:])), (0, *carry))
+
+
+def _decode(w, cache, state, base_key, stop_ids, waiting, *, cfg: TargetConfig,
+            sampling: Sampling, steps: int, window: int):
+    """Up to `steps` decoding steps of every row -> (cache, state, tokens [C, steps], -1 where
+    a row emitted nothing, steps run). It stops early once no row is live, or once a row
+    finished while `waiting` (requests are queued for a free row)."""
     c = state.token.shape[0]
 
     def body(i, carry):
@@ -224,7 +244,8 @@ def _decode(w, cache, state, base_key, stop_ids, *, cfg: TargetConfig, sampling:
         return cache, s, out
 
     out = jnp.full((c, steps), -1, jnp.int32)
-    return jax.lax.fori_loop(0, steps, body, (cache, state, out))
+    ran, cache, state, out = run_steps(body, (cache, state, out), steps, waiting, state_at=1)
+    return cache, state, out, ran
 
 
 @functools.cache
@@ -270,6 +291,7 @@ class Engine:
         self.base_key = jax.random.key(cfg.seed)
         self.rows: list[_Row | None] = [None] * cfg.rows
         self.generated_tokens = 0
+        self.decode_steps = 0  # decode steps run (each advances every live row by a token)
         self.programs: set[tuple] = set()  # compiled shapes, for reporting
         dtype = weights.embed.dtype
         cache_spec = NamedSharding(mesh, spec_for(("batch", None, "act_heads", None)))
@@ -314,7 +336,7 @@ class Engine:
         if admitted:
             done += self._prefill_rows(admitted)
         if any(r is not None and r.remaining_prompt == 0 for r in self.rows):
-            done += self._decode_rows()
+            done += self._decode_rows(waiting=bool(queue))
         return done
 
     def _check(self, r: Request) -> None:
@@ -374,17 +396,19 @@ class Engine:
                 started[i] = [int(first_tokens[j])]
         return self._emit_rows(started)
 
-    def _decode_rows(self) -> list[Completion]:
+    def _decode_rows(self, waiting: bool) -> list[Completion]:
         steps = self.cfg.sync_every
         longest = max(len(r.request.prompt) + len(r.tokens) for r in self.rows
                       if r is not None and r.remaining_prompt == 0)
         window = window_bucket(longest + steps, self.cfg.max_context)
         self.programs.add(("decode", self.cfg.rows, steps, window))
         with use_mesh(self.mesh):
-            self.cache, self.state, out = self._decode(
-                self.w, self.cache, self.state, self.base_key, self.stop_ids, steps=steps,
-                window=window)
-        out = np.asarray(jax.device_get(out))
+            self.cache, self.state, out, ran = self._decode(
+                self.w, self.cache, self.state, self.base_key, self.stop_ids,
+                jnp.asarray(waiting), steps=steps, window=window)
+        out, ran = jax.device_get((out, ran))
+        self.decode_steps += int(ran)
+        out = np.asarray(out)
         return self._emit_rows({i: [int(x) for x in out[i] if x >= 0]
                                 for i, row in enumerate(self.rows)
                                 if row is not None and row.remaining_prompt == 0})

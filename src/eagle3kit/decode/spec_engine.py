@@ -9,7 +9,9 @@ step is exactly the batch-1 step, at its own positions, with its own mask:
     prefill   P new prompts (padded to P rows x T tokens) start in free rows: the target's
               forward over each prompt, its first token, the draft's step-0 entries of the
               prompt, all written over the row's previous contents (n, caches, stream).
-    verify    `sync_every` verify steps of all C rows in one device program (a fori_loop):
+    verify    up to `sync_every` verify steps of all C rows in one device program (a while
+              loop that ends early, as the plain engine's does, once no row is live or once a
+              row finished while requests wait):
               each live row drafts (chain: K tokens; tree: S steps of top-k, N nodes), the
               target verifies every row's K+1 (or N) tokens in ONE batched forward, each
               row's acceptance rule (`_verify_chain` / `_verify_tree` of speculative.py, pure
@@ -52,6 +54,7 @@ from eagle3kit.decode.engine import (
     Completion,
     Request,
     _rows_bucket,
+    run_steps,
     run_to_completion,
     window_bucket,
 )
@@ -157,10 +160,11 @@ def _prefill(target_w, draft_w, vocab, state: SpecRows, stop_ids, prompts_PxT, l
     return state, first, new.active
 
 
-def _verify(target_w, draft_w, vocab, state: SpecRows, stop_ids, *, tcfg, dcfg, dec, steps,
-            window, data):
-    """`steps` verify steps of every row -> (state, tokens [C, steps, K+1], accepted
-    [C, steps]; -1 where a row emitted nothing).
+def _verify(target_w, draft_w, vocab, state: SpecRows, stop_ids, waiting, *, tcfg, dcfg, dec,
+            steps, window, data):
+    """Up to `steps` verify steps of every row -> (state, tokens [C, steps, K+1], accepted
+    [C, steps]; -1 where a row emitted nothing or the program had ended, steps run). It ends
+    early once no row is live, or once a row finished while `waiting` (requests queued).
 
     The loop runs on the first `window` slots of every row (copied out once per program and
     back after it): attention then reads no more than the longest live row needs. The host
@@ -182,13 +186,14 @@ def _verify(target_w, draft_w, vocab, state: SpecRows, stop_ids, *, tcfg, dcfg, 
         dcache=draft_cache.DraftKV(dk[:, :, :window], dv[:, :, :window]))
     tokens = jnp.full((c, steps, dec.steps + 1), -1, jnp.int32)
     accepted = jnp.full((c, steps), -1, jnp.int32)
-    small, tokens, accepted = jax.lax.fori_loop(0, steps, body, (small, tokens, accepted))
+    ran, small, tokens, accepted = run_steps(body, (small, tokens, accepted), steps, waiting,
+                                             state_at=0)
     state = dataclasses.replace(
         small, tcache=target.KVCache(tk.at[:, :, :, :window].set(small.tcache.k),
                                      tv.at[:, :, :, :window].set(small.tcache.v)),
         dcache=draft_cache.DraftKV(dk.at[:, :, :window].set(small.dcache.k),
                                    dv.at[:, :, :window].set(small.dcache.v)))
-    return state, tokens, accepted
+    return state, tokens, accepted, ran
 
 
 @functools.cache
@@ -249,6 +254,7 @@ class SpecEngine:
         self._stops = set(int(s) for s in stop_ids)
         self.rows: list[_Row | None] = [None] * cfg.rows
         self.generated_tokens = 0
+        self.verify_steps = 0  # verify steps run (each advances every live row)
         self.programs: set[tuple] = set()
         key_shape = jax.random.key_data(jax.random.key(0)).shape
         shardings = jax.tree.map(
@@ -293,7 +299,7 @@ class SpecEngine:
         for t, members in sorted(groups.items()):
             done += self._prefill_group(members, t)
         if self.busy:
-            done += self._verify_rows()
+            done += self._verify_rows(waiting=bool(queue))
         return done
 
     def _prefill_group(self, members: list[int], t: int) -> list[SpecCompletion]:
@@ -325,7 +331,7 @@ class SpecEngine:
                 done.append(self._retire(i))
         return done
 
-    def _verify_rows(self) -> list[SpecCompletion]:
+    def _verify_rows(self, waiting: bool) -> list[SpecCompletion]:
         steps = self.cfg.sync_every
         # the furthest slot a live row can write in this program: each verify step commits
         # at most K+1 tokens and writes max(K+1, N) from its position
@@ -334,10 +340,12 @@ class SpecEngine:
         window = window_bucket(reach, self.cfg.max_context)
         self.programs.add(("verify", self.cfg.rows, steps, window))
         with use_mesh(self.mesh):
-            self.state, tokens, accepted = self._verify(
-                self.target_w, self.draft_w, self.vocab, self.state, self.stop_ids, steps=steps,
-                window=window)
-        tokens, accepted, active = jax.device_get((tokens, accepted, self.state.active))
+            self.state, tokens, accepted, ran = self._verify(
+                self.target_w, self.draft_w, self.vocab, self.state, self.stop_ids,
+                jnp.asarray(waiting), steps=steps, window=window)
+        tokens, accepted, active, ran = jax.device_get((tokens, accepted, self.state.active,
+                                                        ran))
+        self.verify_steps += int(ran)
         done = []
         for i, row in enumerate(self.rows):
             if row is None:

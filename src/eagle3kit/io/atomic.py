@@ -30,18 +30,29 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     mkstemp's 0600: a serving container running as another user must be able to read it.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with _naming(path):  # an error names the file asked for, not the hidden temporary
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     tmp = Path(tmp)
     try:
         yield tmp
         _fsync_file(tmp)
-        os.replace(tmp, path)
+        with _naming(path):
+            os.replace(tmp, path)
         fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Re-raises an OSError of creating or renaming `path`'s temporary as one about `path`."""
+    try:
+        yield
+    except OSError as e:
+        raise type(e)(e.errno, e.strerror, str(path)) from None
 
 
 @contextlib.contextmanager
@@ -54,8 +65,9 @@ def atomic_dir(path: str | os.PathLike, *, force: bool = False) -> Iterator[Path
     path = Path(path)
     if path.exists() and not force:
         raise FileExistsError(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    with _naming(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp

@@ -3,8 +3,10 @@ together, distributed start-up, and teacher-forced evaluation (one implementatio
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from eagle3kit.core.metrics import StepCounts, summarize
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.data.fingerprint import Fingerprint, require_same, tokenizer_fingerprint
 from eagle3kit.data.packing import TokenDocs, pack_epoch
-from eagle3kit.errors import InputError, MismatchError, UserError
+from eagle3kit.errors import InputError, MismatchError, ResourceError, UserError
 from eagle3kit.io import dtypes
 from eagle3kit.io.checkpoints import file_sha256
 from eagle3kit.io.draft_io import Draft
@@ -37,6 +39,27 @@ def init_distributed(coordinator: str | None, num_processes: int | None,
         jax.distributed.initialize()
     elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
         jax.distributed.initialize()
+
+
+@contextlib.contextmanager
+def out_of_memory(shape: str, advice: str) -> Iterator[None]:
+    """Turns XLA's out-of-memory inside the block (a runtime error saying RESOURCE_EXHAUSTED,
+    raised by an allocation or a program's temporaries) into a `ResourceError` (exit 4) that
+    names the options of `shape` and what to lower."""
+    try:
+        yield
+    except Exception as e:
+        if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
+            raise ResourceError(f"out of device memory for {shape}: {advice}") from None
+        raise
+
+
+def check_seq_len(seq_len: int, tcfg: TargetConfig, target: str) -> None:
+    """A --seq-len row longer than the target's positions is refused, before any loading (a
+    document that long would run past the positions the target was trained for)."""
+    if seq_len > tcfg.max_position_embeddings:
+        raise UserError(f"--seq-len {seq_len} exceeds the target's "
+                        f"{tcfg.max_position_embeddings} positions ({target})")
 
 
 def file_digest(path: str | os.PathLike) -> str:

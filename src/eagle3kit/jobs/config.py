@@ -119,7 +119,8 @@ def _validate(c: TrainConfig) -> None:
     at_least_one = {"--ttt-length": t.steps, "--epochs": c.epochs, "--batch-size": c.batch_size,
                     "--grad-accum": c.grad_accum, "--save-every": c.save_every,
                     "--keep-checkpoints": c.keep_checkpoints, "--eval-every": c.eval_every,
-                    "--log-every": c.log_every, "--max-steps": c.max_steps or 1}
+                    "--log-every": c.log_every,
+                    "--max-steps": 1 if c.max_steps is None else c.max_steps}
     for name, value in at_least_one.items():
         if value < 1:
             raise UserError(f"{name} {value}: must be at least 1")

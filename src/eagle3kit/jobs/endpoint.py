@@ -156,7 +156,7 @@ def run(cfg, records: list[ChatRecord], done: collections.Counter,
                for _ in range(min(cfg.concurrency, len(work)))]
     progress = job.Progress(console, len(work))
     try:
-        with job.output_stream(cfg) as stream, Preemption(console.print) as stop, progress:
+        with job.output_stream(cfg) as stream, Preemption(console.print, at=job.STOP_AT) as stop, progress:
             writer = job.OrderedWriter(stream)
             runner = job.Runner(cfg, work, None, info, writer, counts, progress)
             for t in threads:

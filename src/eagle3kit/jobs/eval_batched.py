@@ -89,11 +89,14 @@ def _slots(prompts: Sequence[Sequence[int]], max_new: int, decs: Sequence[Decode
     return -(-need // 128) * 128
 
 
-def _timed(run) -> tuple[Any, float]:
-    run()  # compiles every shape the timed run takes (the same requests, the same shapes)
+def _timed(engine, requests: list[Request], counter: str) -> tuple[Any, float, int]:
+    """(completions, seconds, device steps) of `engine` generating `requests`, timed on the
+    second run: the first compiles every shape (the same requests take the same shapes)."""
+    engine.generate(requests)
+    before = getattr(engine, counter)
     t0 = time.perf_counter()
-    out = run()
-    return out, time.perf_counter() - t0
+    done = engine.generate(requests)
+    return done, time.perf_counter() - t0, getattr(engine, counter) - before
 
 
 def _requests(prompts: Sequence[Sequence[int]], max_new: int, seed: int) -> list[Request]:
@@ -101,28 +104,31 @@ def _requests(prompts: Sequence[Sequence[int]], max_new: int, seed: int) -> list
 
 
 def plain_speed(decoder: Decoder, prompts: Sequence[Sequence[int]], batch: int, slots: int,
-                seed: int) -> tuple[float, list[list[int]]]:
-    """(tokens/s, answers) of the target alone with `batch` rows."""
+                seed: int) -> tuple[float, list[list[int]], int]:
+    """(tokens/s, answers, decode steps of the timed run) of the target alone with `batch`
+    rows. Its device programs end as the speculative engine's do (decode/engine.py): no step
+    runs once every row is done, so both sides do the same useful work and the speedup cannot
+    exceed tau for want of work on the baseline side."""
     dec = decoder.dec
     engine = Engine(decoder.tcfg, decoder.target_w, decoder.mesh,
                     [int(s) for s in decoder.stop_ids if s >= 0],
                     EngineConfig(rows=batch, max_context=slots, sync_every=PLAIN_SYNC,
                                  sampling=Sampling(dec.temperature), seed=seed))
     requests = _requests(prompts, dec.max_new_tokens, seed)
-    done, seconds = _timed(lambda: engine.generate(requests))
-    return sum(len(c.tokens) for c in done) / seconds, [c.tokens for c in done]
+    done, seconds, steps = _timed(engine, requests, "decode_steps")
+    return sum(len(c.tokens) for c in done) / seconds, [c.tokens for c in done], steps
 
 
 def spec_speed(decoder: Decoder, dec: DecodeConfig, prompts: Sequence[Sequence[int]],
                batch: int, slots: int, seed: int, plain_tps: float,
-               plain_answers: list[list[int]]) -> dict[str, Any]:
+               plain_answers: list[list[int]], plain_steps: int) -> dict[str, Any]:
     """One measured point: tau (pooled and per request), tokens/s both ways, speedup."""
     engine = SpecEngine(decoder.tcfg, decoder.dcfg, decoder.target_w, decoder.draft_w,
                         decoder.vocab, dec, [int(s) for s in decoder.stop_ids if s >= 0],
                         decoder.mesh, SpecEngineConfig(rows=batch, max_context=slots,
                                                        sync_every=SPEC_SYNC))
     requests = _requests(prompts, dec.max_new_tokens, seed)
-    done, seconds = _timed(lambda: engine.generate(requests))
+    done, seconds, steps = _timed(engine, requests, "verify_steps")
     summary = acceptance_summary([c.accept_lengths for c in done], dec.steps)
     tps = sum(len(c.tokens) for c in done) / seconds
     identical = sum(c.tokens == p for c, p in zip(done, plain_answers, strict=True))
@@ -130,6 +136,8 @@ def spec_speed(decoder: Decoder, dec: DecodeConfig, prompts: Sequence[Sequence[i
             "draft_tokens": dec.nodes, "tau_pooled": summary["tau_pooled"],
             "tau_per_request_mean": summary["tau_per_request_mean"],
             "verify_steps": summary["verify_steps"],
+            # device steps run: the work both sides did (decode/engine.run_steps)
+            "speculative_steps": steps, "baseline_steps": plain_steps,
             "tokens_per_s_speculative": round(tps, 2),
             "tokens_per_s_baseline": round(plain_tps, 2),
             "speedup": round(tps / plain_tps, 4),
@@ -144,9 +152,10 @@ def measure(decoder: Decoder, prompts: Sequence[Sequence[int]], batches: Sequenc
     slots = _slots(prompts, decoder.dec.max_new_tokens, shapes)
     points: list[dict[str, Any]] = []
     for b in batches:
-        plain_tps, answers = plain_speed(decoder, prompts, b, slots, seed)
+        plain_tps, answers, plain_steps = plain_speed(decoder, prompts, b, slots, seed)
         for dec in shapes if sweep else shapes[:1]:
-            e = spec_speed(decoder, dec, prompts, b, slots, seed, plain_tps, answers)
+            e = spec_speed(decoder, dec, prompts, b, slots, seed, plain_tps, answers,
+                           plain_steps)
             console.print(f"batch {b:>3} {e['shape']:>7}: tau {e['tau_pooled']:.2f}  "
                           f"{e['tokens_per_s_speculative']:,.1f} vs "
                           f"{plain_tps:,.1f} tok/s  {e['speedup']:.2f}x")

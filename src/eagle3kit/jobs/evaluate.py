@@ -113,10 +113,16 @@ def check_config(cfg: EvalConfig) -> None:
         raise UserError(f"--steps {cfg.steps}: must be in 1..64")
     if cfg.temperature < 0:
         raise UserError(f"--temperature {cfg.temperature}: must be >= 0 (0 is greedy)")
-    try:  # the tree's shape; K is the draft's when --steps is not given
+    if cfg.steps is not None:  # else K is the draft's: checked once the draft is read
+        check_shape(cfg)
+
+
+def check_shape(cfg: EvalConfig, steps_from: str = "") -> None:
+    """The drafting tree of --steps, --topk and --draft-tokens, as SGLang would check it."""
+    try:
         decode_config(cfg).check()
     except ValueError as e:
-        raise UserError(f"--steps {cfg.steps} --topk {cfg.topk} --draft-tokens "
+        raise UserError(f"--steps {cfg.steps}{steps_from} --topk {cfg.topk} --draft-tokens "
                         f"{decode_config(cfg).nodes}: {e}") from None
 
 
@@ -144,7 +150,11 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
             raise UserError(f"cannot tell which tokenizer made the data: {cfg.target} has no "
                             "tokenizer files and the draft records none")
         key = Fingerprint.from_json(draft.fingerprints["tokenizer"]).key
-    cfg = dataclasses.replace(cfg, steps=cfg.steps or trained_steps(draft))
+    if cfg.steps is None:
+        cfg = dataclasses.replace(cfg, steps=trained_steps(draft))
+        check_shape(cfg, " (the draft's --ttt-length)")
+    if not generate:
+        common.check_seq_len(cfg.seq_len, tcfg, cfg.target)
     vocab = common.fit_vocab_to_target(draft.vocab, tcfg.vocab_size, cfg.draft)
     # read the inputs before the weights: a bad file fails in a second, not after loading 8B
     prompts = load_prompts(cfg.prompts, cfg.limit) if generate else None
@@ -170,7 +180,9 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     base = {"draft": cfg.draft, "target": tcfg.name, "steps": cfg.steps, "device": _device()}
     if not generate:
         progress = Progress(console, "teacher-forced batches")
-        with progress:
+        with progress, common.out_of_memory(
+                f"--batch-size {cfg.batch_size} x --seq-len {cfg.seq_len} x --steps {cfg.steps}",
+                "lower --batch-size or --seq-len"):
             tf = common.teacher_forced(trainer, params, target_w, vocab_dev, docs,
                                        cfg.batch_size, cfg.seq_len, progress.update)
         return {"mode": "teacher-forced", "dataset": display_name(cfg.data), **tf, **base}
@@ -178,21 +190,25 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     decoder = Decoder(tcfg, draft.config, target_w, draft_lib.cast(params, dtype), vocab_dev,
                       decode_config(cfg),
                       stop_ids(tokenizer, ckpt), mesh)
-    gen, samples = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
-    if cfg.concurrency or cfg.sweep:
-        # the very prompts batch 1 answered (later turns hold its answers), now B at a time
-        gen.update(eval_batched.measure(
-            decoder, [s.prompt_ids for s in samples],
-            eval_batched.parse_concurrency(cfg.concurrency) or (1,),
-            eval_batched.parse_sweep(cfg.sweep_grid, decoder.dec) if cfg.sweep else None,
-            cfg.seed, console))
-    # the same text, teacher-forced: the estimate next to what generation measured
-    docs = TokenDocs.from_records(
-        (TokenRecord(s.id, s.prompt_ids + s.generated_ids,
-                     [0] * len(s.prompt_ids) + [1] * len(s.generated_ids), key)
-         for s in samples), 1 << 30)
-    seq_len = -(-max(len(x) for x in docs.ids) // 128) * 128
-    tf = common.teacher_forced(trainer, params, target_w, vocab_dev, docs, rows, seq_len)
+    shape = f"--max-new-tokens {cfg.max_new_tokens}" + (
+        f" at --concurrency {cfg.concurrency}" if cfg.concurrency else "")
+    with common.out_of_memory(shape, "lower --max-new-tokens, the --concurrency batch sizes "
+                              "or --limit (long prompts), or add devices: --mesh tensor=N"):
+        gen, samples = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
+        if cfg.concurrency or cfg.sweep:
+            # the very prompts batch 1 answered (later turns hold its answers), B at a time
+            gen.update(eval_batched.measure(
+                decoder, [s.prompt_ids for s in samples],
+                eval_batched.parse_concurrency(cfg.concurrency) or (1,),
+                eval_batched.parse_sweep(cfg.sweep_grid, decoder.dec) if cfg.sweep else None,
+                cfg.seed, console))
+        # the same text, teacher-forced: the estimate next to what generation measured
+        docs = TokenDocs.from_records(
+            (TokenRecord(s.id, s.prompt_ids + s.generated_ids,
+                         [0] * len(s.prompt_ids) + [1] * len(s.generated_ids), key)
+             for s in samples), 1 << 30)
+        seq_len = -(-max(len(x) for x in docs.ids) // 128) * 128
+        tf = common.teacher_forced(trainer, params, target_w, vocab_dev, docs, rows, seq_len)
     if cfg.samples:
         with open_output(cfg.samples, "wb") as f:
             for s in samples:

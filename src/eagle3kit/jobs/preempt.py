@@ -30,8 +30,10 @@ class Preemption:
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, say: Callable[[str], None] | None = None):
+    def __init__(self, say: Callable[[str], None] | None = None,
+                 at: str = "the next step boundary with a checkpoint"):
         self.received: int | None = None
+        self._at = at  # what the job stops at, for the message
         self._say = say or (lambda text: print(text, file=sys.stderr, flush=True))
         self._previous: dict[int, object] = {}
 
@@ -49,8 +51,8 @@ class Preemption:
             return  # a second SIGTERM: the scheduler's SIGKILL will follow if it must
         self.received = signum
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # the next Ctrl-C ends the process now
-        self._say(f"{signal.Signals(signum).name} received: stopping at the next step "
-                  "boundary with a checkpoint (Ctrl-C again to quit at once)")
+        self._say(f"{signal.Signals(signum).name} received: stopping at {self._at} "
+                  "(Ctrl-C again to quit at once)")
 
     @property
     def name(self) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -52,6 +53,7 @@ from eagle3kit.jobs.preempt import Preempted, Preemption
 
 TURNS = ("all", "first")
 ON_REPETITION = ("keep", "drop-answer", "drop-conversation")
+STOP_AT = "the next sync, keeping every record written"  # what SIGINT/SIGTERM stop at
 DEFAULT_CONTEXT = 4096  # prompt + answer; the KV cache holds --slots rows of this many
 
 
@@ -173,7 +175,7 @@ class Counts:
                 + f": {self.written:,} written"
                 + (f", {self.resumed:,} already in the output" if self.resumed else "")
                 + (f", {drops:,} dropped ({_reasons(self.dropped)})" if drops else "")
-                + f"; {self.turns:,} answers ({self.new_tokens:,} tokens"
+                + f"; {self.turns:,} answer{'s' * (self.turns != 1)} ({self.new_tokens:,} tokens"
                 + (f"; ended by {_reasons(self.finished)})" if self.turns else ")")
                 + (f"; {early:,} conversations end early ({_reasons(self.ended_early)})"
                    if early else ""))
@@ -512,13 +514,12 @@ def run(cfg: RegenerateConfig, console) -> Counts:
 def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collections.Counter,
               previous: GenerationInfo | None, counts: Counts, console) -> None:
     """Generation with the batched engine on this machine's devices."""
-    from eagle3kit.data.tokenizer import load_chat_template
+    from eagle3kit.data.tokenizing import make_renderer
     from eagle3kit.io.hf import resolve_target
     from eagle3kit.jobs.evaluate import stop_ids
 
     tokenizer, key = common.target_tokenizer(cfg.target, required=True)
-    template = load_chat_template(cfg.chat_template) if cfg.chat_template else None
-    renderer = Renderer(tokenizer, chat_template=template, thinking=cfg.thinking)
+    renderer = make_renderer(tokenizer, cfg.chat_template, cfg.thinking)
     ckpt = resolve_target(cfg.target)
     positions = ckpt.config.max_position_embeddings
     if cfg.max_context is None:
@@ -531,10 +532,14 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
     check_resume(cfg, info, previous)
     work = plan_work(records, done, cfg.turns == "first", cfg.samples, counts)
     stops = set(stop_ids(tokenizer, ckpt))  # eval's rule: eos of tokenizer and config
-    engine = make_engine(cfg, ckpt, stops, console)
+    memory = functools.partial(  # allocating the cache, or a program's temporaries
+        common.out_of_memory, f"--slots {cfg.slots} x --max-context {cfg.max_context}",
+        "lower --slots or --max-context (or add devices: --mesh)")
+    with memory():
+        engine = make_engine(cfg, ckpt, stops, console)
     progress = Progress(console, len(work))
     try:
-        with output_stream(cfg) as stream, Preemption(console.print) as stop, progress:
+        with memory(), output_stream(cfg) as stream, Preemption(console.print, at=STOP_AT) as stop, progress:
             writer = OrderedWriter(stream)
             runner = Runner(cfg, work, renderer, info, writer, counts, progress)
             try:
@@ -581,7 +586,7 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
         repetition=Repetition(cfg.repeat_copies, cfg.repeat_min_tokens, cfg.repeat_max_block)
         if cfg.repeat_copies else None))
     console.print(f"regenerate with {ckpt.config.name} on {jax.device_count()} x "
-                  f"{jax.devices()[0].device_kind} (mesh {dict(mesh.shape)}; weights loaded "
+                  f"{jax.devices()[0].device_kind} (mesh {','.join(f'{k}={v}' for k, v in mesh.shape.items())}; weights loaded "
                   f"in {time.perf_counter() - t0:.1f}s; {cfg.slots} slots x {cfg.max_context} "
                   f"positions, KV cache {engine.cache_bytes / 2**30:.2f} GiB)", soft_wrap=True)
     return engine

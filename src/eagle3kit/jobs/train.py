@@ -33,7 +33,6 @@ from eagle3kit.data.fingerprint import require_same
 from eagle3kit.data.packing import pack_epoch
 from eagle3kit.errors import (
     MismatchError,
-    ResourceError,
     TimeLimitReached,
     TrainingDiverged,
     UserError,
@@ -57,7 +56,9 @@ _RESUMABLE = {"epochs", "max_steps", "save_every", "keep_checkpoints", "eval_eve
 def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
     out = Path(cfg.out)
     recorded = out / "config.json"
-    if recorded.exists():
+    # a run that stopped before its first checkpoint (killed, out of memory) saved nothing to
+    # continue: its config.json claims no run, and this one starts over in its place
+    if recorded.exists() and checkpoints.list_checkpoints(out):
         if not cfg.resume:
             raise UserError(f"{out} already holds a run; pass --resume to continue it or "
                             "choose another --out")
@@ -66,13 +67,15 @@ def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
         for key, value in cfg.to_json().items():
             if key not in _RESUMABLE and before.get(key) != value:
                 raise MismatchError(f"--{key.replace('_', '-')} is {value!r} but the run was "
-                                    f"started with {before.get(key)!r}", path=recorded)
+                                    f"started with {before.get(key)!r}; resume with "
+                                    "its settings, or start a new run in another --out",
+                                    path=recorded)
         for key, value in fingerprints.items():
             if old["fingerprints"].get(key) != value:
                 raise MismatchError(f"the {key} changed since the run started "
                                     f"({old['fingerprints'].get(key)} -> {value})",
                                     path=recorded)
-    elif cfg.resume and not checkpoints.list_checkpoints(out):
+    elif cfg.resume and not recorded.exists():
         raise UserError(f"--resume: {out} holds no run to resume")
     common.barrier("run-dir checked")  # every process has looked before process 0 writes
     if jax.process_index() == 0:
@@ -237,6 +240,7 @@ def _check_and_load(cfg: TrainConfig) -> _Setup:
     key = vfile.fingerprint.key
     ckpt = resolve_target(cfg.target)
     tcfg = ckpt.config
+    common.check_seq_len(cfg.seq_len, tcfg, cfg.target)
     _, target_key = common.target_tokenizer(cfg.target, required=False)
     if target_key:  # refuse a vocab (and data) tokenized for another model
         require_same(target_key, key, "the vocab", cfg.vocab,
@@ -326,9 +330,9 @@ def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | 
         console.print(f"resuming {out} from step {step} ({existing[-1].name})")
         return (state, step, int(meta["epoch"]), int(meta["position"]),
                 float(meta.get("elapsed_s", 0.0)))
-    if cfg.resume:
-        console.print(f"{out} has no checkpoint yet (stopped before --save-every "
-                      f"{cfg.save_every} steps): starting from step 1")
+    if (out / "metrics.jsonl").exists():  # an earlier start that saved no checkpoint
+        console.print(f"{out} holds a run that stopped before its first checkpoint: "
+                      "starting it over from step 1")
         _truncate_metrics(out / "metrics.jsonl", 0)
     params = init.weights if init else None
     return trainer.init_state(jax.random.key(cfg.seed), params), 0, 0, 0, 0.0
@@ -356,16 +360,11 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
 
 def _step(trainer, state, target_w, vocab_dev, batch, cfg):
-    try:
+    with common.out_of_memory(
+            f"--batch-size {cfg.batch_size} x --seq-len {cfg.seq_len} x --ttt-length "
+            f"{cfg.ttt.steps}", "lower --batch-size (and raise --grad-accum to keep the global "
+            "batch), shorten --seq-len, or add tensor parallelism (--mesh tensor=N)"):
         return trainer.train_step(state, target_w, vocab_dev, batch)
-    except Exception as e:  # XLA reports OOM as a runtime error with RESOURCE_EXHAUSTED
-        if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
-            raise ResourceError(
-                f"out of device memory for --batch-size {cfg.batch_size} x --seq-len "
-                f"{cfg.seq_len} x --ttt-length {cfg.ttt.steps}: lower --batch-size (and raise "
-                "--grad-accum to keep the global batch), shorten --seq-len, or add tensor "
-                "parallelism (--mesh tensor=N)") from None
-        raise
 
 
 def _report(pending, log, progress) -> None:
