@@ -7,6 +7,7 @@ import time
 import typer
 
 from eagle3kit.cli._common import console, example, handle_errors, require_files
+from eagle3kit.cli._params import ChatTemplate
 from eagle3kit.errors import InputError
 
 EXAMPLE = """
@@ -27,9 +28,7 @@ def tokenize(
                             "file is written atomically."),
     max_length: int = typer.Option(2048, "--max-length", min=1, help="Truncate each "
                                    "conversation to this many tokens."),
-    chat_template: str | None = typer.Option(None, "--chat-template", help="A Jinja file (or "
-                                             "a JSON file with a chat_template) to use instead "
-                                             "of the tokenizer's own."),
+    chat_template: ChatTemplate = None,
     thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Qwen3-style "
                                          "templates: render for thinking mode (the think block "
                                          "is generated, so it is learned) or non-thinking mode "
@@ -51,14 +50,20 @@ def tokenize(
     from eagle3kit.data.chat import Renderer
     from eagle3kit.data.fingerprint import tokenizer_fingerprint
     from eagle3kit.data.records import display_name, iter_lines
-    from eagle3kit.data.tokenizer import load_chat_template, load_tokenizer, tokenizer_name
+    from eagle3kit.data.tokenizer import (
+        chat_template_for,
+        load_chat_template,
+        load_tokenizer,
+        tokenizer_name,
+    )
     from eagle3kit.data.tokenizing import Job, TokenizeReport, default_jobs, tokenize_lines
     from eagle3kit.io.atomic import open_output
 
-    require_files(input=input, chat_template=chat_template)  # before the tokenizer's seconds
+    require_files(input=input)  # and the template (a file or a name) before the tokenizer
     template = load_chat_template(chat_template) if chat_template else None
     with console.status(f"loading tokenizer {tokenizer}"):
         tok = load_tokenizer(tokenizer)
+    template = chat_template_for(tok, template, tokenizer)
     renderer = Renderer(tok, chat_template=template, thinking=thinking)  # checks the template
     fp = tokenizer_fingerprint(tok, tokenizer_name(tokenizer), renderer.template)
     jobs = jobs or default_jobs()
