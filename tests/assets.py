@@ -134,30 +134,27 @@ def tiny_hf_model(family: str, directory: Path, seed: int = 0, **overrides):
     return model
 
 
-@functools.lru_cache(maxsize=1)
-def smollm2_torch():
-    """SmolLM2-135M-Instruct as transformers loads the GGUF (dequantised, fp32)."""
+def torch_from_gguf(path: Path):
+    """The model of a GGUF file as transformers loads it (dequantised, fp32, eval mode)."""
     import torch
     import transformers
 
-    path = smollm2_gguf()
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32)
     model.eval()
     return model
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_torch():
+    """SmolLM2-135M-Instruct as transformers loads the GGUF (dequantised, fp32)."""
+    return torch_from_gguf(smollm2_gguf())
 
 
 @functools.lru_cache(maxsize=1)
 def gemma3_torch():
-    """Gemma-3-270M as transformers loads the GGUF (its own dequantisation, fp32)."""
-    import torch
-    import transformers
-
-    path = gemma3_gguf()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32)
-    model.eval()
-    return model
+    """Gemma-3-270M as transformers loads the GGUF (through the `gguf` package, fp32)."""
+    return torch_from_gguf(gemma3_gguf())
 
 
 @functools.lru_cache(maxsize=1)
