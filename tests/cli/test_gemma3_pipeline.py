@@ -24,11 +24,7 @@ F32 = ("--dtype", "float32", "--target-dtype", "float32")
 
 
 def run(*args, code: int = 0):
-    import time
-    t0, c0 = time.time(), time.process_time()
     r = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "250"})
-    print(f"TIMING {args[0]} wall {time.time() - t0:.1f} cpu {time.process_time() - c0:.1f}",
-          file=__import__("sys").stderr)
     if r.exception and not isinstance(r.exception, SystemExit):
         raise r.exception
     assert r.exit_code == code, r.output
