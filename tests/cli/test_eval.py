@@ -316,6 +316,7 @@ def test_prompt_longer_than_the_context_is_refused(tiny, tmp_path):
     (["--attention", "flash"], "'flash': choose auto, xla, cudnn, pallas"),
     (["--plot", "-"], "--plot -: a PNG cannot go to stdout"),
     (["--topk", "4"], "--topk and --draft-tokens shape the draft trees"),
+    (["--chat-template", "gemma"], "--chat-template belong to --mode generate"),
 ])
 def test_option_mistakes(tiny, args, message):
     a, draft = tiny
@@ -326,6 +327,8 @@ def test_option_mistakes(tiny, args, message):
 @pytest.mark.parametrize("args, message", [
     (["--draft-tokens", "9"], "--steps 3 --topk 1 --draft-tokens 9: a chain"),
     (["--topk", "2", "--draft-tokens", "12"], "outside 2..11"),
+    (["--chat-template", "nope.jinja"], "nope.jinja: no such file (nor a known chat "
+     "template: gemma)"),
 ])
 def test_tree_shape_mistakes(tiny, args, message):
     a, draft = tiny

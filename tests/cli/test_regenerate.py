@@ -183,9 +183,14 @@ def test_bad_input_gets_one_line(target, chats, tmp_path):
             (plain / f.name).write_bytes(f.read_bytes())
     r = regenerate("--target", plain, *COMMON, "-i", chats)
     assert r.exit_code == 2 and "no chat template" in r.output
+    assert "pass --chat-template FILE" in r.output and "known name: gemma" in r.output
     assert len(r.output.strip().splitlines()) == 1
     for args, words in ((["--turns", "some"], "--turns"), (["--top-p", "0"], "--top-p"),
-                        (["--shard", "3/2"], "--shard"), (["--resume"], "-o FILE")):
+                        (["--shard", "3/2"], "--shard"), (["--resume"], "-o FILE"),
+                        (["--chat-template", "nope"], "nope: no such file (nor a known chat "
+                         "template: gemma)"),
+                        (["--chat-template", "gemma", "--endpoint", "http://127.0.0.1:9"],
+                         "with --endpoint the server applies its own template")):
         r = regenerate("--target", target, *COMMON, "-i", chats, *args)
         assert r.exit_code == 2 and words in r.output, args
 

@@ -118,6 +118,32 @@ def test_custom_chat_template_file(chats, tmp_path):
         "<|begin_of_text|><|start_header_id|>system")
 
 
+def test_base_model_needs_a_named_template(chats, tmp_path):
+    """A tokenizer without a chat template (a base model's) is refused in one line that
+    names --chat-template and the known names; `--chat-template gemma` then writes exactly
+    the records Gemma-3's published template gives."""
+    own = chat_tokenizers.saved("gemma3")
+    base = tmp_path / "base"
+    base.mkdir()
+    for f in own.iterdir():
+        if f.name != "chat_template.jinja":  # where transformers 5 saves the template
+            (base / f.name).write_bytes(f.read_bytes())
+    r = tokenize("--tokenizer", base, "-i", chats)
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert f"{base}: the tokenizer has no chat template" in r.output
+    assert "pass --chat-template FILE" in r.output and "known name: gemma" in r.output
+    r = tokenize("--tokenizer", base, "--chat-template", "gemma", "-i", chats)
+    assert r.exit_code == 0, r.output
+    expected = tokenize("--tokenizer", own, "-i", chats)
+    records = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [(x["input_ids"], x["loss_mask"]) for x in records] == [
+        (x["input_ids"], x["loss_mask"]) for x in map(json.loads, expected.stdout.splitlines())]
+    assert len(records) >= 5
+    r = tokenize("--tokenizer", base, "--chat-template", "gemma3", "-i", chats)
+    assert r.exit_code == 2 and "gemma3: no such file (nor a known chat template: gemma)" \
+        in r.output
+
+
 def test_truncation_is_reported(chats):
     r = tokenize("--tokenizer", chat_tokenizers.saved("smollm2"), "-i", chats,
                  "--max-length", 64)

@@ -118,3 +118,91 @@ def test_torch_missing_under_a_gguf_reader_is_recognised():
 
     assert _needs_torch(fails("torch"))
     assert not _needs_torch(fails("gguf")) and not _needs_torch(ValueError("bad file"))
+
+
+@pytest.mark.slow
+def test_known_gemma_template_renders_as_gemmas_own():
+    """`--chat-template gemma` (for base Gemma models, whose tokenizer has none) renders real
+    conversations exactly as Gemma-3's published template does, with and without the
+    generation prompt, and refuses what it refuses; its {% generation %} block gives
+    transformers' assistant-token mask, which equals ours."""
+    from eagle3kit.data.chat import Renderer
+    from eagle3kit.data.tokenizer import KNOWN_TEMPLATES
+    from tests.data import chat_tokenizers
+    from tests.data.test_chat import _conversations
+
+    tok = chat_tokenizers.gemma3()  # Gemma's turn tokens, its published template
+    ours = KNOWN_TEMPLATES["gemma"]
+    assert load_chat_template("gemma") == ours
+    renderer = Renderer(tok, chat_template=ours)
+    rendered = 0
+    for messages in _conversations():
+        for prompt in (False, True):
+            try:
+                expected = tok.apply_chat_template(messages, tokenize=False,
+                                                   add_generation_prompt=prompt)
+            except Exception:  # roles that do not alternate: both refuse
+                with pytest.raises(Exception, match="alternate"):
+                    tok.apply_chat_template(messages, chat_template=ours, tokenize=False)
+                break
+            assert tok.apply_chat_template(messages, chat_template=ours, tokenize=False,
+                                           add_generation_prompt=prompt) == expected
+        else:
+            ids, mask = renderer.render(messages)
+            ref = tok.apply_chat_template(messages, chat_template=ours, tokenize=True,
+                                          return_dict=True, return_assistant_tokens_mask=True)
+            assert ref["input_ids"] == ids and ref["assistant_masks"] == mask
+            rendered += 1
+    assert rendered >= 10
+
+
+@pytest.mark.slow
+def test_gemma3_gguf_tokenizer_is_transformers_own_without_torch():
+    """Gemma-3-270M's GGUF tokenizer (262,144 sentencepiece tokens, bos 2, eos 1, no chat
+    template) read by the `gguf` package, built by transformers' converter in a process that
+    never imports torch, equals `AutoTokenizer.from_pretrained(dir, gguf_file=...)`:
+    vocabulary, special and added tokens, and the ids and decoding of 20 real ShareGPT
+    conversations in Gemma's turn format."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from eagle3kit.data.tokenizer import KNOWN_TEMPLATES
+    from tests import assets
+
+    gguf = assets.gemma3_gguf()
+    ref = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    texts = []
+    for chat in assets.sharegpt_chats(20):
+        messages = [{"role": m.role, "content": m.content} for m in chat.messages]
+        try:
+            texts.append(ref.apply_chat_template(messages, chat_template=KNOWN_TEMPLATES[
+                "gemma"], tokenize=False))
+        except Exception:  # roles that do not alternate
+            continue
+    probe = f"""
+import json, sys
+from eagle3kit.data.fingerprint import tokenizer_fingerprint
+from eagle3kit.data.tokenizer import load_tokenizer
+t = load_tokenizer({str(gguf)!r})
+texts = json.loads(sys.stdin.read())
+ids = [t(x).input_ids for x in texts]
+print(json.dumps({{"torch": "torch" in sys.modules, "len": len(t),
+    "fingerprint": tokenizer_fingerprint(t, "a").to_json(), "template": t.chat_template,
+    "special": t.special_tokens_map, "ids": ids, "decoded": [t.decode(i) for i in ids],
+    "bos_eos": [t.bos_token_id, t.eos_token_id],
+    "added": {{i: str(a) for i, a in t.added_tokens_decoder.items()}}}}))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", probe], input=json.dumps(texts),
+                                    capture_output=True, text=True, check=True).stdout)
+    assert out["torch"] is False
+    assert out["len"] == len(ref) == 262144 and out["bos_eos"] == [2, 1]
+    assert out["template"] is None and not ref.chat_template
+    assert out["fingerprint"] == tokenizer_fingerprint(ref, "a").to_json()  # the vocabulary
+    assert out["special"] == ref.special_tokens_map
+    assert out["added"] == {str(i): str(a) for i, a in ref.added_tokens_decoder.items()}
+    assert len(texts) >= 10
+    for text, ids, decoded in zip(texts, out["ids"], out["decoded"], strict=True):
+        assert ids == ref(text).input_ids
+        assert decoded == ref.decode(ref(text).input_ids)

@@ -88,6 +88,24 @@ def test_stop_ids_join_the_tokenizer_and_the_config(tiny):
         ckpt.source.config["eos_token_id"] = 2
 
 
+def test_stop_ids_add_the_templates_end_of_turn(tiny):
+    """A base model's config knows only <eos>; with Gemma's turn format an answer ends at
+    <end_of_turn>, the token the template closes a model turn with."""
+    from eagle3kit.data.chat import Renderer
+    from eagle3kit.data.tokenizer import KNOWN_TEMPLATES
+    from eagle3kit.jobs.evaluate import end_of_turn
+    from tests.data import chat_tokenizers
+
+    _, ckpt, _, _ = tiny
+    tok = chat_tokenizers.gemma3()
+    renderer = Renderer(tok, chat_template=KNOWN_TEMPLATES["gemma"])
+    assert end_of_turn(renderer) == "<end_of_turn>"
+    closing = tok.convert_tokens_to_ids("<end_of_turn>")
+    assert stop_ids(tok, ckpt, renderer) == sorted({tok.eos_token_id, 2, closing})
+    smol = assets.smollm2_tokenizer()  # ChatML: <|im_end|> is eos already
+    assert stop_ids(smol, ckpt, Renderer(smol)) == [2]
+
+
 def testgeneration_mesh():
     assert dict(generation_mesh(None).shape) == {"data": 1, "tensor": 1}
     assert dict(generation_mesh("tensor=2").shape) == {"data": 1, "tensor": 2}

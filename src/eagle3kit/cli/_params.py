@@ -1,4 +1,5 @@
-"""Options shared by several commands, declared once (`train`, `eval`, `regenerate`).
+"""Options shared by several commands, declared once (`train`, `eval`, `regenerate`,
+`tokenize`).
 
 Use as a parameter's type, with the default in the signature:
 
@@ -58,6 +59,12 @@ Attention = Annotated[str, typer.Option(
 Seed = Annotated[int, typer.Option(
     help="Random seed (train: draft init and data order; eval and regenerate: sampling at "
          "temperature > 0).")]
+ChatTemplate = Annotated[str | None, typer.Option(
+    "--chat-template",
+    help="The chat template to render conversations with instead of the tokenizer's own "
+         "(a base model's tokenizer has none): a Jinja file, a JSON file with a "
+         "chat_template, or a known name: gemma (Gemma's <start_of_turn>user/model turns). "
+         "Use the one you tokenized the training data with.")]
 Coordinator = Annotated[str | None, typer.Option(help="Multi-host: coordinator HOST:PORT.")]
 NumProcesses = Annotated[int | None, typer.Option(help="Multi-host: number of processes.")]
 ProcessId = Annotated[int | None, typer.Option(help="Multi-host: this process's index.")]

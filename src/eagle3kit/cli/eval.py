@@ -15,7 +15,15 @@ from eagle3kit.cli._common import (
     no_stdout,
     require_files,
 )
-from eagle3kit.cli._params import Attention, EvalDtype, Mesh, Seed, Target, TargetDtype
+from eagle3kit.cli._params import (
+    Attention,
+    ChatTemplate,
+    EvalDtype,
+    Mesh,
+    Seed,
+    Target,
+    TargetDtype,
+)
 from eagle3kit.jobs.config import TTTSettings
 from eagle3kit.jobs.tracking import eval_tracking, log_eval
 
@@ -95,6 +103,7 @@ def eval_cmd(
                                          "Qwen3-style templates: render prompts in thinking or "
                                          "non-thinking mode (the mode you serve). Default: the "
                                          "template's."),
+    chat_template: ChatTemplate = None,
     track: str | None = typer.Option(None, help="Also log the result to run trackers: "
                                      "tensorboard and/or wandb, as eval/DATASET/... scalars "
                                      "at the draft's training step (WANDB_MODE=offline works "
@@ -132,6 +141,7 @@ def eval_cmd(
         batch_size=batch_size, seq_len=seq_len, mesh=mesh, dtype=dtype,
         target_dtype=target_dtype, attention=attention, seed=seed,
         samples=str(samples) if samples is not None else None, thinking=thinking,
+        chat_template=chat_template,
         concurrency=concurrency, sweep=sweep, sweep_grid=sweep_grid)
     result = run(cfg, console)
     print_report(console, result)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from eagle3kit.cli._common import check_output, console, example, handle_errors
-from eagle3kit.cli._params import Mesh, Seed, Target, TargetDtype
+from eagle3kit.cli._params import ChatTemplate, Mesh, Seed, Target, TargetDtype
 
 EXAMPLE = """
 eagle3kit mix sharegpt.json -n 2000 --seed 0 \\
@@ -53,9 +53,7 @@ def regenerate(
                                          "templates: generate in thinking or non-thinking "
                                          "mode (use the mode you will serve). Default: the "
                                          "template's."),
-    chat_template: str | None = typer.Option(None, "--chat-template", help="A Jinja file (or "
-                                             "JSON with a chat_template) instead of the "
-                                             "tokenizer's own."),
+    chat_template: ChatTemplate = None,
     drop_truncated: bool = typer.Option(False, "--drop-truncated", help="Drop a conversation "
                                         "when one of its answers was cut at the token limit "
                                         "(counted either way)."),

@@ -13,6 +13,7 @@ from eagle3kit.cli._common import (
     handle_errors,
     require_files,
 )
+from eagle3kit.cli._params import ChatTemplate
 from eagle3kit.errors import InputError
 
 EXAMPLE = """
@@ -33,9 +34,7 @@ def tokenize(
                             "file is written atomically."),
     max_length: int = typer.Option(2048, "--max-length", min=1, help="Truncate each "
                                    "conversation to this many tokens."),
-    chat_template: str | None = typer.Option(None, "--chat-template", help="A Jinja file (or "
-                                             "a JSON file with a chat_template) to use instead "
-                                             "of the tokenizer's own."),
+    chat_template: ChatTemplate = None,
     thinking: bool | None = typer.Option(None, "--thinking/--no-thinking", help="Qwen3-style "
                                          "templates: render for thinking mode (the think block "
                                          "is generated, so it is learned) or non-thinking mode "
@@ -66,14 +65,14 @@ def tokenize(
     )
     from eagle3kit.io.atomic import open_output
 
-    require_files(input=input, chat_template=chat_template)  # before the tokenizer's seconds
+    require_files(input=input)  # and the template (a file or a name) before the tokenizer
     check_output(out, "-o")
     if chat_template:
         load_chat_template(chat_template)  # a file that is no template fails before loading
     with console.status(f"loading tokenizer {tokenizer}"):
         tok = load_tokenizer(tokenizer)
-    renderer = make_renderer(tok, chat_template, thinking)  # checks the template
-    template = renderer.template if chat_template else None
+    renderer = make_renderer(tok, chat_template, thinking, tokenizer)  # checks the template
+    template = renderer.template
     fp = tokenizer_fingerprint(tok, tokenizer_name(tokenizer), renderer.template)
     jobs = jobs or default_jobs()
     console.print(f"tokenizer {fp.name} ({fp.vocab_size:,} tokens, fingerprint {fp.key}), "

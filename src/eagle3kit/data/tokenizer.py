@@ -82,10 +82,11 @@ def _gguf_tokenizer(path: Path) -> Any:
     except ImportError:
         from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    from gguf import GGUFReader
     from transformers import PreTrainedTokenizerFast
 
-    reader = GGUFReader(path)
+    from eagle3kit.io.gguf import open_reader
+
+    reader = open_reader(path)
     meta = {k: f.contents() for k, f in reader.fields.items()
             if k.startswith("tokenizer.") or k == "general.architecture"}
     grouped = {group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items()
@@ -99,8 +100,12 @@ def _gguf_tokenizer(path: Path) -> Any:
     for name, key in _GGUF_SPECIAL.items():
         token_id = meta.get(f"tokenizer.ggml.{key}")
         config[name] = tokenizer["tokens"][token_id] if token_id is not None else None
-    backend, extra = convert_gguf_tokenizer(meta["general.architecture"], tokenizer)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
+    arch = meta["general.architecture"]
+    backend, extra = convert_gguf_tokenizer(arch, tokenizer)
+    cls = PreTrainedTokenizerFast
+    if arch in ("gemma", "gemma2", "gemma3"):  # AutoTokenizer's class for these model types
+        from transformers.models.gemma.tokenization_gemma import GemmaTokenizer as cls
+    return cls(tokenizer_object=backend, **config, **extra)
 
 
 def _needs_torch(e: BaseException | None) -> bool:
@@ -120,14 +125,67 @@ def tokenizer_name(spec: str) -> str:
     return spec
 
 
+# Chat templates by name, for targets whose tokenizer has none (base models). Each renders a
+# string-content conversation exactly as the model family's own template does, and marks
+# the model's turns with {% generation %} (transformers' assistant-token masks).
+KNOWN_TEMPLATES = {
+    # Gemma (1, 2, 3): <start_of_turn>user|model ... <end_of_turn>; a system message is put
+    # before the first user message; contents trimmed; roles must alternate from user.
+    "gemma": """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set prefix = messages[0]['content'] + '\n\n' -%}
+    {%- set turns = messages[1:] -%}
+{%- else -%}
+    {%- set prefix = '' -%}
+    {%- set turns = messages -%}
+{%- endif -%}
+{%- for message in turns -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception('roles must alternate user/assistant/user/...') }}
+    {%- endif -%}
+    {%- if message['role'] == 'assistant' -%}
+        {{ '<start_of_turn>model\n' }}
+        {%- generation -%}
+            {{ message['content'] | trim }}{{ '<end_of_turn>' }}
+        {%- endgeneration -%}
+        {{ '\n' }}
+    {%- else -%}
+        {{ '<start_of_turn>' + message['role'] + '\n' + (prefix if loop.first else '') }}
+        {{- message['content'] | trim }}{{ '<end_of_turn>\n' }}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<start_of_turn>model\n' }}
+{%- endif -%}
+""",
+}
+TEMPLATE_OPTION = ("--chat-template FILE (a Jinja file or a JSON file with a chat_template) "
+                   "or a known name: " + ", ".join(KNOWN_TEMPLATES))
+
+
+def chat_template_for(tokenizer: Any, template: str | None, target: object = None) -> str:
+    """The chat template to render with: `template` (from `load_chat_template`) when given,
+    else the tokenizer's own; a tokenizer without one (a base model) needs --chat-template."""
+    if template:
+        return template
+    if not tokenizer.chat_template:
+        raise InputError(f"the tokenizer has no chat template (a base model?); pass "
+                         f"{TEMPLATE_OPTION}", path=target)
+    return tokenizer.chat_template
+
+
 def load_chat_template(path: str) -> str:
-    """A chat template from a Jinja file, or from a JSON file with a "chat_template" key
-    (tokenizer_config.json, chat_template.json)."""
+    """A chat template by name (KNOWN_TEMPLATES; a bare name, so `./gemma` is a file), from a
+    Jinja file, or from a JSON file with a "chat_template" key (tokenizer_config.json,
+    chat_template.json)."""
+    if path in KNOWN_TEMPLATES:
+        return KNOWN_TEMPLATES[path]
     p = Path(path).expanduser()
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError("no such file", path=path) from None
+        raise InputError("no such file (nor a known chat template: "
+                         f"{', '.join(KNOWN_TEMPLATES)})", path=path) from None
     except (IsADirectoryError, UnicodeDecodeError) as e:
         raise InputError(f"not a chat template file ({e})", path=path) from None
     if p.suffix == ".json":

@@ -153,13 +153,16 @@ def tokenize_lines(lines: Iterable[tuple[int, bytes]], job: Job, *, jobs: int = 
             pool.join()
 
 
-def make_renderer(tokenizer: Any, chat_template: str | None, thinking: bool | None
-                  ) -> Renderer:
-    """The renderer of `tokenizer`'s template, or of the --chat-template file `chat_template`,
-    whose errors name that file (a Jinja syntax error shows only when rendering)."""
-    from eagle3kit.data.tokenizer import load_chat_template
+def make_renderer(tokenizer: Any, chat_template: str | None, thinking: bool | None,
+                  target: object = None) -> Renderer:
+    """The renderer of the --chat-template `chat_template` (a file or a known name), else of
+    `tokenizer`'s own template (a tokenizer without one, a base model, is refused naming the
+    option); a template's errors name its file (a Jinja syntax error shows only when
+    rendering)."""
+    from eagle3kit.data.tokenizer import chat_template_for, load_chat_template
 
     template = load_chat_template(chat_template) if chat_template else None
+    template = chat_template_for(tokenizer, template, target)
     try:
         return Renderer(tokenizer, chat_template=template, thinking=thinking)
     except RenderError as e:

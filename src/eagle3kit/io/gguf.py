@@ -1,12 +1,20 @@
 """GGUF checkpoints: config from the header, tensors dequantised to float32 with HF names.
 
-Uses the `gguf` package only (no torch). Llama-family Q and K projections are stored by
-llama.cpp with the rotary halves interleaved; they are permuted back to the HF layout here,
-as transformers does, so a GGUF and a safetensors copy of one model give the same weights.
+Uses the `gguf` package only (no torch): its `dequantize` reads every type it knows (F32,
+F16, BF16, Q4_0..Q8_0, the K-quants Q2_K..Q6_K, ...), so a tensor here is exactly the
+package's. Two llama.cpp conventions are undone, as transformers does, so a GGUF and a
+safetensors copy of one model give the same weights: Llama-family Q and K projections are
+stored with the rotary halves interleaved (permuted back here), and Gemma's norms are stored
+as `1 + w` (the HF weight is `w`; its RMSNorm multiplies by `1 + w`).
+
+Gemma-3's GGUF header carries fewer hyper-parameters than its config.json; the rest is what
+llama.cpp's loader assumes for `gemma3`: five sliding-window layers to one global layer, a
+local rope base of 10,000, and queries scaled by head_dim^-1/2 (hidden/heads for the 27B).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -17,7 +25,9 @@ import numpy as np
 from eagle3kit.errors import InputError
 
 # GGUF architecture -> HF model_type
-_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 # GGUF tensor name -> HF tensor name
 _NAMES = [
@@ -38,8 +48,23 @@ _NAMES = [
 ]
 
 
-def _hf_name(name: str) -> str | None:
-    for pattern, repl in _NAMES:
+# Gemma's four norms per layer: attn_norm and ffn_norm are the pre-norms, the post_ norms
+# norm the attention and MLP outputs. Looked up before _NAMES.
+_GEMMA_NAMES = [
+    (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.pre_feedforward_layernorm.weight"),
+    (r"blk\.(\d+)\.post_attention_norm\.weight",
+     r"model.layers.\1.post_attention_layernorm.weight"),
+    (r"blk\.(\d+)\.post_ffw_norm\.weight", r"model.layers.\1.post_feedforward_layernorm.weight"),
+]
+_ARCH_NAMES = {"gemma3": _GEMMA_NAMES}
+
+# what llama.cpp's loader assumes for gemma3 when the header does not say
+GEMMA3_SLIDING_PATTERN = 6  # layers 6k+5 are global, the five before each sliding
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+
+
+def _hf_name(name: str, arch: str = "") -> str | None:
+    for pattern, repl in _ARCH_NAMES.get(arch, []) + _NAMES:
         if re.fullmatch(pattern, name):
             return re.sub(pattern, repl, name)
     return None
@@ -53,17 +78,31 @@ def _field(reader, key: str, default: Any = None) -> Any:
     return value
 
 
+def open_reader(path: str | os.PathLike):
+    """The `gguf` package's reader of `path`, shared in a process: parsing the header of a
+    file with a large vocabulary takes seconds (Gemma-3's 262,144 token strings: ~10 s), and
+    a command reads it for the tokenizer and again for the weights."""
+    p = Path(path).resolve()
+    stat = p.stat()
+    return _reader(p, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _reader(path: Path, mtime_ns: int, size: int):
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
 class GGUFCheckpoint:
     """A GGUF model file: `config` (HF-style dict) and `get(hf_name)` -> float32 ndarray."""
 
     def __init__(self, path: str | os.PathLike):
-        from gguf import GGUFReader
-
         self.path = Path(path)
         if not self.path.is_file():
             raise InputError("no such GGUF file", path=self.path)
         try:
-            self.reader = GGUFReader(self.path)
+            self.reader = open_reader(self.path)
         except Exception as e:  # gguf raises ValueError/struct errors on a bad file
             raise InputError(f"not a readable GGUF file ({e})", path=self.path) from None
         arch = _field(self.reader, "general.architecture")
@@ -73,7 +112,7 @@ class GGUFCheckpoint:
         self.arch = arch
         self._tensors = {}
         for t in self.reader.tensors:
-            hf = _hf_name(t.name)
+            hf = _hf_name(t.name, arch)
             if hf is None:
                 if t.name == "rope_freqs.weight":
                     raise InputError("GGUF with baked rope_freqs (Llama-3.1 rope scaling) is not "
@@ -94,8 +133,7 @@ class GGUFCheckpoint:
         vocab = int(get("vocab_size", embed.shape[-1]))
         head_dim = int(get("attention.key_length", hidden // heads))
         cfg: dict[str, Any] = {
-            "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                               "qwen3": "Qwen3ForCausalLM"}[a]],
+            "architectures": [_CLASSES[a]],
             "model_type": _ARCHS[a],
             "vocab_size": vocab,
             "hidden_size": hidden,
@@ -113,9 +151,42 @@ class GGUFCheckpoint:
             "_name_or_path": str(self.path),
         }
         scaling = get("rope.scaling.type")
-        if scaling not in (None, "none"):
+        if a == "gemma3":
+            cfg.update(self._gemma3_config(get, scaling))
+        elif scaling not in (None, "none"):
             raise InputError(f"GGUF rope scaling {scaling!r} is not supported", path=self.path)
         return cfg
+
+    def _gemma3_config(self, get, scaling) -> dict[str, Any]:
+        """The Gemma-3 fields of config.json, from the header or llama.cpp's assumptions."""
+        n = int(get("block_count"))
+        pattern = get("attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
+        if isinstance(pattern, list):  # one bool per layer: sliding or not
+            sliding = [bool(x) for x in pattern]
+        else:
+            sliding = [(i + 1) % int(pattern) != 0 for i in range(n)]
+        if scaling not in (None, "none", "linear"):
+            raise InputError(f"GGUF rope scaling {scaling!r} is not supported for gemma3 "
+                             "(supported: linear)", path=self.path)
+        full: dict[str, Any] = {"rope_type": "default",
+                                "rope_theta": float(get("rope.freq_base", 1000000.0))}
+        if scaling == "linear":
+            full.update(rope_type="linear", factor=float(get("rope.scaling.factor", 1.0)))
+        hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+        head_dim = int(get("attention.key_length", hidden // heads))
+        return {
+            "sliding_window": int(get("attention.sliding_window")),
+            "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+            "rope_parameters": {
+                "full_attention": full,
+                "sliding_attention": {"rope_type": "default", "rope_theta": float(
+                    get("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))}},
+            # llama.cpp: the 27B (62 layers) scales by hidden/heads, the others by head_dim
+            "query_pre_attn_scalar": hidden // heads if n == 62 else head_dim,
+            "final_logit_softcapping": get("final_logit_softcapping"),
+            "attn_logit_softcapping": get("attn_logit_softcapping"),
+            "hidden_activation": "gelu_pytorch_tanh",
+        }
 
     @property
     def names(self) -> list[str]:
@@ -136,6 +207,8 @@ class GGUFCheckpoint:
             raise InputError(f"tensor {t.name!r} has unsupported GGUF type {qtype.name} ({e})",
                              path=self.path) from None
         w = np.asarray(w, np.float32).reshape(self.shape(name))
+        if self.arch == "gemma3" and name.endswith("norm.weight"):
+            w = w - np.float32(1)  # stored as 1 + w (see the module docstring)
         if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = self.config["num_attention_heads"]
             if name.endswith("k_proj.weight"):

@@ -27,11 +27,12 @@ from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import batch_ways, make_mesh, parse_mesh_spec
 from eagle3kit.core.trainer import Trainer
-from eagle3kit.data.chat import prompt_ids
+from eagle3kit.data.chat import Renderer
 from eagle3kit.data.fingerprint import Fingerprint
 from eagle3kit.data.packing import TokenDocs
 from eagle3kit.data.prompts import PromptSet, load_prompts
 from eagle3kit.data.records import GenerationSample, TokenRecord, display_name, encode
+from eagle3kit.data.tokenizer import chat_template_for, load_chat_template
 from eagle3kit.decode.conversations import Dialogue, Turn
 from eagle3kit.decode.runner import Decoder, acceptance_summary, bucket
 from eagle3kit.decode.speculative import DecodeConfig
@@ -67,6 +68,7 @@ class EvalConfig:
     seed: int = 0
     samples: str | None = None
     thinking: bool | None = None  # Qwen3-style templates: the mode prompts are rendered in
+    chat_template: str | None = None  # generate: a template file or known name (base models)
     concurrency: str | None = None  # generate: batch sizes, "1,8,32" (jobs/eval_batched.py)
     sweep: bool = False  # generate: try the drafting shapes of sweep_grid at those sizes
     sweep_grid: str | None = None  # "3;5;5/4/8" (default eval_batched.DEFAULT_SWEEP)
@@ -85,8 +87,9 @@ def check_config(cfg: EvalConfig) -> None:
         if not cfg.data:
             raise UserError("teacher-forced evaluation needs --data (token records from "
                             "`eagle3kit tokenize`); for generation pass --prompts")
-        if cfg.prompts or cfg.samples:
-            raise UserError("--prompts and --samples belong to --mode generate")
+        if cfg.prompts or cfg.samples or cfg.chat_template:
+            raise UserError("--prompts, --samples and --chat-template belong to --mode "
+                            "generate (token records are rendered already)")
         if cfg.topk != 1 or cfg.draft_tokens is not None:
             raise UserError("--topk and --draft-tokens shape the draft trees of --mode "
                             "generate; teacher-forced scoring rolls out chains of --steps")
@@ -97,6 +100,8 @@ def check_config(cfg: EvalConfig) -> None:
         if cfg.data:
             raise UserError("--data is scored teacher-forced; run `eagle3kit eval` once per "
                             "mode (their --json lines can go to one file for `push`)")
+    if cfg.chat_template:
+        load_chat_template(cfg.chat_template)  # a missing file fails before any loading
     if (cfg.concurrency or cfg.sweep or cfg.sweep_grid) and mode != "generate":
         raise UserError("--concurrency and --sweep measure generation: pass --prompts")
     if cfg.sweep_grid and not cfg.sweep:
@@ -124,6 +129,13 @@ def check_shape(cfg: EvalConfig, steps_from: str = "") -> None:
     except ValueError as e:
         raise UserError(f"--steps {cfg.steps}{steps_from} --topk {cfg.topk} --draft-tokens "
                         f"{decode_config(cfg).nodes}: {e}") from None
+
+
+def prompt_renderer(tokenizer: Any, cfg: EvalConfig) -> Renderer:
+    """Renders prompts with --chat-template or the tokenizer's own, in the --thinking mode."""
+    template = load_chat_template(cfg.chat_template) if cfg.chat_template else None
+    return Renderer(tokenizer, chat_template=chat_template_for(tokenizer, template, cfg.target),
+                    thinking=cfg.thinking)
 
 
 def decode_config(cfg: EvalConfig) -> DecodeConfig:
@@ -189,7 +201,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
 
     decoder = Decoder(tcfg, draft.config, target_w, draft_lib.cast(params, dtype), vocab_dev,
                       decode_config(cfg),
-                      stop_ids(tokenizer, ckpt), mesh)
+                      stop_ids(tokenizer, ckpt, prompt_renderer(tokenizer, cfg)), mesh)
     shape = f"--max-new-tokens {cfg.max_new_tokens}" + (
         f" at --concurrency {cfg.concurrency}" if cfg.concurrency else "")
     with common.out_of_memory(shape, "lower --max-new-tokens, the --concurrency batch sizes "
@@ -223,8 +235,7 @@ def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg:
     """Decodes every turn speculatively and plainly; returns the summary and the samples."""
     context = tcfg.max_position_embeddings
     dialogues = [Dialogue.from_user_turns(c.turns, c.system) for c in prompts.conversations]
-    def render(messages):  # in the reasoning mode that will be served
-        return prompt_ids(tokenizer, messages, thinking=cfg.thinking)
+    render = prompt_renderer(tokenizer, cfg).prompt_ids  # in the mode that will be served
 
     firsts = [render(d.prompt()) for d in dialogues]
     for conv, ids in zip(prompts.conversations, firsts, strict=True):  # fail before compiling
@@ -290,16 +301,34 @@ def _check_context(cid: str, turn: int, length: int, max_new: int, context: int,
                          "tokens; shorten the prompt or lower --max-new-tokens", path=where)
 
 
-def stop_ids(tokenizer: Any, ckpt: TargetCheckpoint) -> list[int]:
-    """Tokens that end an answer: the tokenizer's eos and every eos id of the target config
-    (Llama-3 lists <|eot_id|> and <|eom_id|> there)."""
+def stop_ids(tokenizer: Any, ckpt: TargetCheckpoint, renderer: Renderer | None = None
+             ) -> list[int]:
+    """Tokens that end an answer: the tokenizer's eos, every eos id of the target config
+    (Llama-3 lists <|eot_id|> and <|eom_id|> there) and the token the chat template closes an
+    assistant turn with (a base model's config knows only <eos>, not Gemma's <end_of_turn>)."""
     ids = set()
+    closing = end_of_turn(renderer) if renderer is not None else None
+    if closing is not None:
+        ids.add(tokenizer.convert_tokens_to_ids(closing))
     for value in (tokenizer.eos_token_id, ckpt.hf_config.get("eos_token_id")):
         if isinstance(value, int):
             ids.add(value)
         elif isinstance(value, list):
             ids.update(int(v) for v in value)
     return sorted(ids)
+
+
+def end_of_turn(renderer: Renderer) -> str | None:
+    """The special token that closes an assistant turn in the renderer's template (the last
+    one of the generated span: content, then the end-of-turn); None if a probe conversation
+    does not render."""
+    try:
+        text, spans = renderer.spans([{"role": "user", "content": "Hi."},
+                                      {"role": "assistant", "content": "Hello."}])
+    except InputError:
+        return None
+    hits = list(renderer.special_re.finditer(text, *spans[0]))
+    return hits[-1].group() if hits else None
 
 
 def generation_mesh(spec: str | None):

@@ -134,6 +134,12 @@ def check_config(cfg: RegenerateConfig) -> tuple[int, int]:
                         "to start over")
     if cfg.out != "-" and Path(cfg.out).is_dir():
         raise UserError(f"{cfg.out}: is a directory, expected a JSONL file")
+    if cfg.endpoint and cfg.chat_template:
+        raise UserError("--chat-template renders prompts for the local engine; with --endpoint "
+                        "the server applies its own template")
+    if cfg.chat_template:  # a missing file fails before any loading
+        from eagle3kit.data.tokenizer import load_chat_template
+        load_chat_template(cfg.chat_template)
     if cfg.slots < 1 or cfg.sync_every < 1 or cfg.concurrency < 1:
         raise UserError("--slots, --sync-every and --concurrency must be >= 1")
     index, count = 0, 1
@@ -519,7 +525,7 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
     from eagle3kit.jobs.evaluate import stop_ids
 
     tokenizer, key = common.target_tokenizer(cfg.target, required=True)
-    renderer = make_renderer(tokenizer, cfg.chat_template, cfg.thinking)
+    renderer = make_renderer(tokenizer, cfg.chat_template, cfg.thinking, cfg.target)
     ckpt = resolve_target(cfg.target)
     positions = ckpt.config.max_position_embeddings
     if cfg.max_context is None:
@@ -531,7 +537,7 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
                            cfg.max_context, repetition=True)
     check_resume(cfg, info, previous)
     work = plan_work(records, done, cfg.turns == "first", cfg.samples, counts)
-    stops = set(stop_ids(tokenizer, ckpt))  # eval's rule: eos of tokenizer and config
+    stops = set(stop_ids(tokenizer, ckpt, renderer))  # eval's rule: eos and end of turn
     memory = functools.partial(  # allocating the cache, or a program's temporaries
         common.out_of_memory, f"--slots {cfg.slots} x --max-context {cfg.max_context}",
         "lower --slots or --max-context (or add devices: --mesh)")
