@@ -137,7 +137,10 @@ class Counts:
 # ---- input, resume, output -------------------------------------------------------------------
 
 
-def read_input(path: str, limit: int | None, shard: tuple[int, int]) -> list[ChatRecord]:
+def read_input(path: str, limit: int | None, shard: tuple[int, int]
+               ) -> tuple[list[ChatRecord], collections.Counter]:
+    """This shard's block of the input, and how often each id occurs before the block (a
+    repeated id's sampling stream counts its occurrences in the whole input)."""
     records = []
     for r in read_chat_records(path):
         records.append(r)
@@ -145,7 +148,8 @@ def read_input(path: str, limit: int | None, shard: tuple[int, int]) -> list[Cha
             break
     index, count = shard
     per = -(-len(records) // count)
-    return records[index * per: (index + 1) * per]
+    earlier = collections.Counter(r.id for r in records[: index * per])
+    return records[index * per: (index + 1) * per], earlier
 
 
 def repair_and_scan(path: Path) -> tuple[collections.Counter, GenerationInfo | None]:
@@ -251,7 +255,9 @@ class Work:
 
 
 def plan_work(records: list[ChatRecord], done: collections.Counter, first_only: bool,
-              counts: Counts) -> list[Work]:
+              counts: Counts, earlier: collections.Counter | None = None) -> list[Work]:
+    """The conversations still to answer: `done` counts each id's occurrences already in
+    the output, `earlier` those in the input before this shard."""
     seen: collections.Counter = collections.Counter()
     work = []
     for r in records:
@@ -260,7 +266,8 @@ def plan_work(records: list[ChatRecord], done: collections.Counter, first_only: 
         if occurrence < done[r.id]:
             counts.resumed += 1
             continue
-        work.append(Work(len(work), r, occurrence, conv.Dialogue(r.messages, first_only)))
+        work.append(Work(len(work), r, occurrence + (earlier or {}).get(r.id, 0),
+                         conv.Dialogue(r.messages, first_only)))
     return work
 
 
@@ -408,7 +415,7 @@ def run(cfg: RegenerateConfig, console) -> Counts:
     if cfg.target_dtype not in common.DTYPES:
         raise UserError(f"--target-dtype {cfg.target_dtype!r}: choose "
                         f"{' or '.join(common.DTYPES)}")
-    records = read_input(cfg.input, cfg.limit, shard)  # bad input fails before any loading
+    records, earlier = read_input(cfg.input, cfg.limit, shard)  # bad input fails first
     if not records:
         raise InputError("no conversations to regenerate", path=display_name(cfg.input))
     done, previous = (repair_and_scan(Path(cfg.out)) if cfg.resume
@@ -417,9 +424,9 @@ def run(cfg: RegenerateConfig, console) -> Counts:
     if cfg.endpoint:
         from eagle3kit.jobs import endpoint
 
-        endpoint.run(cfg, records, done, previous, counts, console)
+        endpoint.run(cfg, records, done, previous, counts, console, earlier)
     else:
-        run_local(cfg, records, done, previous, counts, console)
+        run_local(cfg, records, done, previous, counts, console, earlier)
     if not counts.written and not counts.resumed:
         if cfg.out != "-" and Path(cfg.out).exists() and Path(cfg.out).stat().st_size == 0:
             Path(cfg.out).unlink()  # nothing useful was made: leave no empty file behind
@@ -429,7 +436,8 @@ def run(cfg: RegenerateConfig, console) -> Counts:
 
 
 def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collections.Counter,
-              previous: GenerationInfo | None, counts: Counts, console) -> None:
+              previous: GenerationInfo | None, counts: Counts, console,
+              earlier: collections.Counter | None = None) -> None:
     """Generation with the batched engine on this machine's devices."""
     from eagle3kit.data.tokenizer import load_chat_template
     from eagle3kit.io.hf import resolve_target
@@ -449,7 +457,7 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
                           cfg.top_p, cfg.seed, cfg.max_new_tokens, cfg.max_context,
                           cfg.thinking)
     check_resume(cfg, info, previous)
-    work = plan_work(records, done, cfg.turns == "first", counts)
+    work = plan_work(records, done, cfg.turns == "first", counts, earlier)
     stops = set(stop_ids(tokenizer, ckpt))  # eval's rule: eos of tokenizer and config
     engine = make_engine(cfg, ckpt, stops, console)
     progress = Progress(console, len(work))
