@@ -21,6 +21,7 @@
 #   bash benchmarks/gpu_session.sh decode  # MT-bench: chains K=3,5,7 and the 5/4/8 tree, batch 1, 8, 32, 64
 #   bash benchmarks/gpu_session.sh pack    # the trained draft's export, split into $OUT parts
 #   bash benchmarks/gpu_session.sh unpack  # on a later machine: .stash/draft parts -> export
+#   bash benchmarks/gpu_session.sh multi scale|procs|gen  # four GPUs: benchmarks/multi_gpu.sh
 set -euo pipefail
 STASH=${STASH:-$HOME/stash}
 SITE=$STASH/site
@@ -157,6 +158,9 @@ decode)
     --prompts mt-bench --steps "${SHAPES:-3,5,7,5/4/8}" --max-new-tokens 256 --json \
     --concurrency "${CONCURRENCY:-1,8,32,64}" ${LIMIT:+--limit "$LIMIT"} \
     | tee "$OUTDIR/decode_speed${TAG:-}.txt"
+  ;;
+multi)  # issue 26 on a host of several GPUs (after setup; procs and gen after join)
+  shift; STASH=$STASH OUT=$OUTDIR exec bash benchmarks/multi_gpu.sh "$@"
   ;;
 *)
   echo "unknown stage $1" >&2; exit 2 ;;

