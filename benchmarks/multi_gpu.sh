@@ -15,7 +15,8 @@
 # MULTI_CPU=1 runs the same commands on this machine's CPU with N simulated devices and tiny
 # shapes (a dry run before the GPU call: PY=.venv/bin/python MULTI_CPU=1 bash ... scale).
 # Knobs: SCALE_SET (dense,moe), SERIAL=1 (one-GPU baselines one after another instead of side
-# by side on GPUs 0 and 1), STEPS, TRAIN_STEPS, GEN_SET (smollm2,8b).
+# by side on GPUs 0 and 1), STEPS, TRAIN_STEPS, PROCS_SERIAL=1 (procs: the regenerate runs
+# after the train runs instead of beside them), GEN_SET (smollm2,8b), SMOL_GEN, BIG_GEN.
 set -euo pipefail
 N=${N:-4}
 PY=${PY:-python3}
@@ -69,10 +70,11 @@ fi
 E3K="$PY -m eagle3kit"
 mkdir -p "$OUTDIR"
 
-# runs "$@" in the background, one per device: run_each LOGPREFIX cmd... (I is the index)
+# spawn LOG cmd...: cmd in the background, its output in LOG; join_all waits for all of them
 pids=()
 spawn() { local log=$1; shift; "$@" > "$log" 2>&1 & pids+=($!); }
 join_all() { local p rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; pids=(); return $rc; }
+show_logs() { local f; for f in "$@"; do echo "== $f"; grep -v '^ *@ ' "$f" | tail -n 6; done; }
 
 train_step() {  # NAME MESH train_step.py args...; $WITH: that run's environment
   local name=$1 mesh=$2 f; shift 2
@@ -143,6 +145,7 @@ procs)
     spawn "$D/many$i.log" env $(one_device "$i") $E3K "${T[@]}" --out "$D/many" \
       --mesh "data=$N" --coordinator "127.0.0.1:$port" --num-processes "$N" --process-id "$i"
   done
+  if [ "${PROCS_SERIAL:-0}" = 1 ]; then join_all || { show_logs "$D"/*.log; exit 1; }; fi
   spawn "$D/regen-1gpu.log" env $(one_device 0) $E3K "${R[@]}" --slots 32 -o "$D/regen-1gpu.jsonl"
   spawn "$D/regen-mesh.log" $E3K "${R[@]}" --slots $((32 * N)) --mesh "data=$N" \
     -o "$D/regen-mesh.jsonl"
@@ -150,7 +153,7 @@ procs)
     spawn "$D/regen-shard$i.log" env $(one_device "$i") $E3K "${R[@]}" --slots 32 \
       --shard "$i/$N" -o "$D/regen-shard$i.jsonl"
   done
-  join_all || { tail -n 5 "$D"/*.log; exit 1; }
+  join_all || { show_logs "$D"/*.log; exit 1; }
   tail -n 2 "$D/one.log" "$D/many0.log"
   $PY benchmarks/compare_runs.py "$D/one" "$D/many" 2>&1 | grep -v "^WARNING" \
     | tee "$OUTDIR/procs-train.md"
@@ -180,7 +183,7 @@ gen)
         benchmarks/generate_speed.py "$@" "${GEN[@]}" --prompts $all --slots "$rows" \
         --shard "$i/$N" --together "$sync"
     done
-    join_all || { tail -n 5 "$OUTDIR"/gen-$name-shard*.json; exit 1; }
+    join_all || { show_logs "$OUTDIR"/gen-$name-shard*.json; exit 1; }
     $PY benchmarks/generate_speed.py --combine "$OUTDIR"/gen-$name-shard?.json \
       | tee -a "$OUTDIR/gen-$name.md"
   }
