@@ -12,6 +12,13 @@ row's keys and values, so tokens/s <= rows / ((weight bytes + KV bytes) / bandwi
     # the Llama-3.1-8B shape with random weights, random 256-token prompts
     python benchmarks/generate_speed.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \\
         --prompts 512 --prompt-len 256 --slots 64,128,256
+    # four GPUs: one process, the rows over data=4 (`regenerate --mesh data=4`) ...
+    python benchmarks/generate_speed.py ... --prompts 2048 --slots 512 --mesh data=4
+    # ... or four processes of one GPU each, a quarter of the prompts each (`regenerate
+    # --shard I/4`); they start timing together and the rate of all four is combined:
+    for i in 0 1 2 3; do CUDA_VISIBLE_DEVICES=$i python benchmarks/generate_speed.py ... \\
+        --prompts 2048 --slots 128 --shard $i/4 --together /tmp/gen > /tmp/gen/$i.json & done
+    wait; python benchmarks/generate_speed.py --combine /tmp/gen/?.json
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import numpy as np
 
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import init_weights, make_mesh
-from eagle3kit.core.target import TargetWeights
+from eagle3kit.core.target import TargetWeights, unstack_in_place
 from eagle3kit.decode.engine import Engine, EngineConfig, Request
 from eagle3kit.io.hf import load_target, resolve_target
 
@@ -59,16 +66,47 @@ def sharegpt_prompts(path: str, tokenizer, n: int, max_len: int) -> list[list[in
     return out
 
 
-def engine_run(tcfg, w, mesh, prompts, slots, new, max_context) -> tuple[float, int]:
+def engine_run(tcfg, w, mesh, prompts, slots, new, max_context, together=None
+               ) -> tuple[float, float]:
+    """(seconds, wall-clock start) of generating `new` tokens for every prompt, after a
+    warm-up pass; with `together` (a shard), timing starts once every shard is warm."""
     engine = Engine(tcfg, w, mesh, [], EngineConfig(rows=slots, max_context=max_context,
                                                     sync_every=32))
     requests = [Request(i, p, new) for i, p in enumerate(prompts)]
     engine.generate(requests[: slots * 3 // 2])  # compile the shapes (refills too)
-    t0 = time.perf_counter()
+    if together:
+        together()
+    start, t0 = time.time(), time.perf_counter()
     out = engine.generate(requests)
     seconds = time.perf_counter() - t0
     assert all(len(c.tokens) == new for c in out)
-    return seconds, engine.cache_bytes
+    return seconds, start
+
+
+def barrier(directory: str, name: str, index: int, count: int, timeout: float = 900.0):
+    """Returns a function that waits until `count` processes have called it (files
+    `name.I` in `directory`), so the shards' timed passes overlap."""
+    def wait() -> None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        Path(directory, f"{name}.{index}").touch()
+        t0 = time.monotonic()
+        while len(list(Path(directory).glob(f"{name}.*"))) < count:
+            if time.monotonic() - t0 > timeout:
+                raise SystemExit(f"shard {index}: the other shards did not get ready")
+            time.sleep(0.05)
+    return wait
+
+
+def combine(paths: list[str]) -> None:
+    """The shards' rate: all their tokens over the span from the first start to the last end
+    (one line per shard: what `--shard` prints)."""
+    shards = [json.loads(Path(p).read_text().strip().splitlines()[-1]) for p in paths]
+    start = min(s["start"] for s in shards)
+    end = max(s["start"] + s["seconds"] for s in shards)
+    tokens = sum(s["tokens"] for s in shards)
+    each = ", ".join(f"{s['tokens'] / s['seconds']:,.0f}" for s in shards)
+    print(f"| eagle3kit engine, {len(shards)} processes (--shard) | {shards[0]['slots']} each | "
+          f"{tokens / (end - start):,.0f} | per process: {each} | {end - start:.1f} |")
 
 
 def hf_run(model, prompts, batch, new) -> float:
@@ -105,14 +143,25 @@ def main() -> None:
                     "generate at this batch size (0: skip)")
     ap.add_argument("--hf-prompts", type=int, default=0, help="prompts for transformers "
                     "(default: all)")
+    ap.add_argument("--mesh", default=None, help="e.g. data=4: the engine's rows over the "
+                    "devices of one process, --slots in all (default: one device)")
+    ap.add_argument("--shard", default=None, help="I/N: time only the I-th block of the "
+                    "prompts and print one JSON line (run N processes, then --combine)")
+    ap.add_argument("--together", default=None, help="--shard: a directory where the N "
+                    "processes wait for each other before timing")
+    ap.add_argument("--combine", nargs="+", default=None, help="the JSON lines of the N "
+                    "--shard processes: print their combined rate")
     args = ap.parse_args()
+    if args.combine:
+        return combine(args.combine)
 
-    mesh = make_mesh("data=1,tensor=1", jax.devices()[:1])
+    mesh = make_mesh(args.mesh) if args.mesh else make_mesh("data=1,tensor=1",
+                                                             jax.devices()[:1])
     rng = np.random.default_rng(0)
     if args.random_target:
         hf_cfg = json.loads(Path(args.random_target).read_text())
         tcfg = TargetConfig.from_hf_config(hf_cfg)
-        w = init_weights(TargetWeights.abstract(tcfg, jnp.bfloat16), jax.random.key(1))
+        w = init_weights(TargetWeights.abstract(tcfg, jnp.bfloat16), jax.random.key(1), mesh)
         prompts = [list(map(int, rng.integers(0, tcfg.vocab_size, args.prompt_len)))
                    for _ in range(args.prompts)]
         source = f"random {args.prompt_len}-token prompts"
@@ -125,25 +174,46 @@ def main() -> None:
         prompts = sharegpt_prompts(args.sharegpt, load_tokenizer(args.target), args.prompts,
                                    1024)
         source = f"{len(prompts)} real ShareGPT first turns"
+        if len(prompts) < args.prompts:  # a small carried file: its prompts again, in order
+            prompts = [prompts[i % len(prompts)] for i in range(args.prompts)]
+            source = f"{args.prompts} prompts of {source}"
+    if args.shard:
+        index, count = map(int, args.shard.split("/"))
+        per = -(-len(prompts) // count)
+        prompts = prompts[index * per: (index + 1) * per]
+        source += f", shard {args.shard}: {len(prompts)} of them"
     lens = [len(p) for p in prompts]
     device = jax.devices()[0].device_kind
     weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(w))
-    print(f"# {tcfg.name or args.random_target} on {device}, jax {jax.__version__}; {source}, "
-          f"mean prompt {np.mean(lens):.0f} tokens, {args.new} new tokens each, bf16")
+    w = unstack_in_place(w, tcfg)  # as `regenerate` runs it
+    print(f"# {tcfg.name or args.random_target} on {jax.device_count()} x {device} (mesh "
+          f"{dict(mesh.shape)}), jax {jax.__version__}; {source}, mean prompt "
+          f"{np.mean(lens):.0f} tokens, {args.new} new tokens each, bf16", flush=True)
     print("| generator | batch | tokens/s | share of bandwidth bound | seconds |")
     print("|---|---|---|---|---|")
     total = args.new * len(prompts)
     bw = BANDWIDTH.get(device)
     kv_per_token = 2 * tcfg.num_layers * tcfg.num_kv_heads * tcfg.head_dim * 2
+    data, tensor = mesh.shape["data"], mesh.shape["tensor"]
     for slots in map(int, args.slots.split(",")):
         max_context = -(-(max(lens) + args.new) // 128) * 128
-        seconds, _ = engine_run(tcfg, w, mesh, prompts, slots, args.new, max_context)
+        together = (barrier(args.together, f"slots{slots}", index, count)
+                    if args.shard and args.together else None)
+        seconds, start = engine_run(tcfg, w, mesh, prompts, slots, args.new, max_context,
+                                    together)
+        if args.shard:
+            print(json.dumps({"shard": args.shard, "slots": slots, "tokens": total,
+                              "seconds": seconds, "start": start}), flush=True)
+            continue
         rate = total / seconds
         share = "n/a"
-        if bw:  # a step reads the weights once and every live row's keys (mean context)
-            step_bytes = weight_bytes + slots * kv_per_token * (np.mean(lens) + args.new / 2)
+        if bw:  # a device's step reads its weights once and its live rows' keys (mean
+            # context); `data` devices do that at once, each for slots / data rows
+            step_bytes = (weight_bytes + slots / data * kv_per_token
+                          * (np.mean(lens) + args.new / 2)) / tensor
             share = f"{rate / (slots * bw / step_bytes):.0%}"
-        print(f"| eagle3kit engine | {slots} | {rate:,.0f} | {share} | {seconds:.1f} |",
+        where = f" ({args.mesh})" if args.mesh else ""
+        print(f"| eagle3kit engine{where} | {slots} | {rate:,.0f} | {share} | {seconds:.1f} |",
               flush=True)
     if args.hf_batch:
         import torch

@@ -34,6 +34,7 @@
 #   bash benchmarks/gpu_session.sh gtrain  # train (resumes; stops itself after SECONDS_MAX)
 #   bash benchmarks/gpu_session.sh geval   # held-out acc_0..6 and tau, MT-bench tau/speedup
 #   bash benchmarks/gpu_session.sh unpack  # on a later machine: .stash/draft parts -> export
+#   bash benchmarks/gpu_session.sh multi scale|procs|gen  # four GPUs: benchmarks/multi_gpu.sh
 set -euo pipefail
 STASH=${STASH:-$HOME/stash}
 SITE=$STASH/site
@@ -217,6 +218,9 @@ geval)
   cp "$GRUN/run/metrics.jsonl" "$OUTDIR/gemma-metrics.jsonl"
   cp "$GRUN/export/sglang/README.md" "$OUTDIR/gemma-card.md"
   head -c 2000000 "$GRUN/mtbench-samples.jsonl" > "$OUTDIR/gemma-mtbench-samples-head.jsonl"
+  ;;
+multi)  # issue 26 on a host of several GPUs (after setup; procs and gen after join)
+  shift; STASH=$STASH OUT=$OUTDIR exec bash benchmarks/multi_gpu.sh "$@"
   ;;
 *)
   echo "unknown stage $1" >&2; exit 2 ;;

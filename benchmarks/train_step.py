@@ -20,6 +20,7 @@ device's. Tokens/s, TFLOP/s and MFU are the step's; "piped tok/s" is the trainer
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -36,7 +37,7 @@ from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.flash import FlashBlocks
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
-from eagle3kit.core.sharding import init_weights, make_mesh
+from eagle3kit.core.sharding import ArrayInfo, init_weights, is_info, make_mesh
 from eagle3kit.core.target import TargetWeights
 from eagle3kit.core.trainer import Trainer, put_batch
 from eagle3kit.core.vocab import VocabMap
@@ -57,6 +58,14 @@ def packed_rows(rng, rows: int, seq_len: int, vocab: int, full: bool = False
             out["positions"][r, t:t + n] = np.arange(n)
             t, seg = t + n, seg + 1
     return out
+
+
+def per_layer(stack) -> list:
+    """One `ArrayInfo` tree per layer of a stacked one (for `target.layer_list`)."""
+    def one(info: ArrayInfo) -> ArrayInfo:
+        return dataclasses.replace(info, shape=info.shape[1:], axes=info.axes[1:])
+    n = jax.tree.leaves(stack, is_leaf=is_info)[0].shape[0]
+    return [jax.tree.map(one, stack, is_leaf=is_info)] * n
 
 
 def main() -> None:
@@ -103,8 +112,12 @@ def main() -> None:
         target_w = load_target(ckpt, mesh, jnp.bfloat16)
     else:
         tcfg = TargetConfig.from_hf_config(json.loads(Path(args.random_target).read_text()))
-        target_w = init_weights(TargetWeights.abstract(tcfg, jnp.bfloat16), jax.random.key(1),
-                                mesh)
+        abstract = TargetWeights.abstract(tcfg, jnp.bfloat16)
+        if not args.stacked:  # made per layer, never stacked: splitting a stack needs the
+            # target plus its largest stack at once (75 GiB for Qwen3-30B-A3B's experts)
+            from eagle3kit.core.target import layer_list
+            abstract = layer_list(abstract, tcfg, per_layer)
+        target_w = init_weights(abstract, jax.random.key(1), mesh)
     if not args.stacked:  # as `eagle3kit train` runs it (older checkouts have no unstacking)
         from eagle3kit.core.target import unstack_in_place
         target_w = unstack_in_place(target_w, tcfg)

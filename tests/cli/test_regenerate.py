@@ -146,6 +146,35 @@ def test_first_turn_only_and_dropping_truncated_answers(target, chats, reference
     assert f"{cut} an answer cut at --max-new-tokens (--drop-truncated)" in r.output
 
 
+def test_shards_in_order_are_the_whole_run_byte_for_byte(target, chats, reference, tmp_path):
+    """`--shard I/N` runs (one per GPU or host), concatenated in shard order, are the
+    unsharded file, sampled: a repeated id keeps its place in the whole input's streams."""
+    lines = chats.read_bytes().splitlines(keepends=True)
+    again = next(x for x in lines if records(reference)[0].id.encode() in x)
+    data = tmp_path / "in.jsonl"
+    data.write_bytes(b"".join(lines) + again)  # 11 records: the repeat lands in shard 2/3
+    sampled = ["--temperature", "0.9", "--seed", "5"]
+    whole = regenerate("--target", target, *COMMON, *sampled, "-i", data)
+    assert whole.exit_code == 0, whole.output
+    parts = [regenerate("--target", target, *COMMON, *sampled, "-i", data, "--shard", f"{i}/3")
+             for i in range(3)]
+    assert [p.exit_code for p in parts] == [0, 0, 0]
+    assert b"".join(p.stdout_bytes for p in parts) == whole.stdout_bytes
+    out = records(whole.stdout_bytes)
+    assert out[0].id == out[-1].id and out[0].messages != out[-1].messages  # two streams
+
+
+def test_rows_split_over_data_devices_write_the_same_file(target, chats, reference):
+    """`--mesh data=4` in one process (the rows over four devices) writes the one-device
+    file byte for byte."""
+    args = [a for a in COMMON if a not in ("--mesh", "data=1,tensor=1")]
+    r = regenerate("--target", target, *args, "--mesh", "data=4,tensor=1",
+                   input=chats.read_bytes())
+    assert r.exit_code == 0, r.output
+    assert "mesh {'data': 4, 'tensor': 1}" in r.output
+    assert r.stdout_bytes == reference
+
+
 def test_conversations_that_cannot_be_answered_are_counted_not_fatal(target):
     ok = ChatRecord("ok", "t", [Message("user", "Hi"), Message("assistant", "Hello")])
     no_user = ChatRecord("nouser", "t", [Message("assistant", "Welcome!")])

@@ -163,15 +163,14 @@ class Trainer:
 
 
 def put_batch(trainer: Trainer, arrays: dict[str, Any], *, eval_batch: bool = False) -> ttt.Batch:
-    """Process-local numpy rows -> a global, data-sharded `Batch` (multi-host aware)."""
+    """Numpy arrays of the whole global batch -> a data-sharded `Batch`.
+
+    Every process passes the same arrays and places only the rows of its own devices
+    (multi-host), so a step's batch is the same however many processes drive the mesh.
+    """
     sharding = trainer.eval_batch_sharding if eval_batch else trainer.batch_sharding
     if jax.process_count() == 1:
         return ttt.Batch(**{k: jax.device_put(v, sharding) for k, v in arrays.items()})
-    axis = 0 if eval_batch else 1
-    out = {}
-    for k, v in arrays.items():
-        shape = list(v.shape)
-        shape[axis] *= jax.process_count()
-        out[k] = jax.make_array_from_process_local_data(sharding, v, tuple(shape))
-    return ttt.Batch(**out)
-
+    return ttt.Batch(**{k: jax.make_array_from_callback(v.shape, sharding,
+                                                        lambda index, v=v: v[index])
+                        for k, v in arrays.items()})

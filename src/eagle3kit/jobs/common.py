@@ -128,25 +128,26 @@ def fit_vocab_to_target(vocab: VocabMap, target_vocab_size: int, where: object) 
     return VocabMap.from_ids(vocab.used_ids, target_vocab_size)
 
 
-def read_docs(path: str | os.PathLike, tokenizer_key: str, seq_len: int,
-              shard: tuple[int, int] = (0, 1)) -> TokenDocs:
-    """Token records of `path` (this process's share), refusing another tokenizer's data."""
+def read_docs(path: str | os.PathLike, tokenizer_key: str, seq_len: int) -> TokenDocs:
+    """Token records of `path`, refusing another tokenizer's data.
+
+    Every process of a multi-host run reads them all and packs the same epochs, so each
+    step's global batch (of which a process places its own devices' rows, `put_batch`) is
+    the one a single process would train on.
+    """
     from eagle3kit.data.records import read_token_records
 
-    index, count = shard
-
-    def mine():
-        for i, r in enumerate(read_token_records(path)):
+    def checked():
+        for r in read_token_records(path):
             if r.tokenizer != tokenizer_key:
                 require_same(tokenizer_key, r.tokenizer, f"record {r.id!r}", path,
                              "the vocab file's", "the data and --vocab must come from one "
                              "tokenizer: tokenize the data with the vocab's tokenizer, or "
                              "select the vocab from this data")
-            if i % count == index:
-                yield r
+            yield r
 
-    docs = TokenDocs.from_records(mine(), seq_len)
-    if agree_max(len(docs)) == 0:
+    docs = TokenDocs.from_records(checked(), seq_len)
+    if len(docs) == 0:
         raise InputError("no trainable records (every record lacks masked tokens?)", path=path)
     return docs
 
@@ -160,11 +161,10 @@ def teacher_forced(trainer, params, target_w, vocab: ttt.VocabArrays, docs: Toke
     from eagle3kit.core.trainer import put_batch
 
     packed = pack_epoch(docs, seq_len, seed=0, epoch=0)
-    local_rows = rows // jax.process_count()
-    batches = agree_max(-(-len(packed.rows) // local_rows))
+    batches = -(-len(packed.rows) // rows)
     total = StepCounts.zeros(trainer.ttt.steps)
     for i in range(batches):
-        batch = put_batch(trainer, packed.batch(i * local_rows, local_rows), eval_batch=True)
+        batch = put_batch(trainer, packed.batch(i * rows, rows), eval_batch=True)
         total = total + trainer.eval_step(params, target_w, vocab, batch)
         if progress is not None:
             progress(i + 1, batches)

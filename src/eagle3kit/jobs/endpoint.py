@@ -100,7 +100,8 @@ def answer(client: Client, body: dict[str, Any]) -> tuple[str, int, int, str]:
 
 
 def run(cfg, records: list[ChatRecord], done: collections.Counter,
-        previous: GenerationInfo | None, counts, console):
+        previous: GenerationInfo | None, counts, console,
+        earlier: collections.Counter | None = None):
     client = Client(cfg.endpoint, cfg.timeout, cfg.retries)
     models = client.models()  # fails in seconds when nothing listens there
     model = cfg.model or (models[0] if models else cfg.target)
@@ -109,7 +110,7 @@ def run(cfg, records: list[ChatRecord], done: collections.Counter,
     # a server's answers come whole: no repetition check
     info = job.generation_info(cfg, model, digest, cfg.max_context or 0, repetition=False)
     job.check_resume(cfg, info, previous)
-    work = job.plan_work(records, done, cfg.turns == "first", cfg.samples, counts)
+    work = job.plan_work(records, done, cfg.turns == "first", cfg.samples, counts, earlier)
     console.print(f"regenerate with {model} at {client.base}, {cfg.concurrency} "
                   "conversations at a time", soft_wrap=True)
 

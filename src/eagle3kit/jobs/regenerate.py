@@ -191,7 +191,10 @@ class Counts:
 # ---- input, resume, output -------------------------------------------------------------------
 
 
-def read_input(path: str, limit: int | None, shard: tuple[int, int]) -> list[ChatRecord]:
+def read_input(path: str, limit: int | None, shard: tuple[int, int]
+               ) -> tuple[list[ChatRecord], collections.Counter]:
+    """This shard's block of the input, and how often each id occurs before the block (a
+    repeated id's sampling stream counts its occurrences in the whole input)."""
     records = []
     for r in read_chat_records(path):
         records.append(r)
@@ -199,7 +202,8 @@ def read_input(path: str, limit: int | None, shard: tuple[int, int]) -> list[Cha
             break
     index, count = shard
     per = -(-len(records) // count)
-    return records[index * per: (index + 1) * per]
+    earlier = collections.Counter(r.id for r in records[: index * per])
+    return records[index * per: (index + 1) * per], earlier
 
 
 def repair_and_scan(path: Path) -> tuple[collections.Counter, GenerationInfo | None]:
@@ -321,7 +325,11 @@ class Work:
 
 
 def plan_work(records: list[ChatRecord], done: collections.Counter, first_only: bool,
-              samples: int, counts: Counts) -> list[Work]:
+              samples: int, counts: Counts,
+              earlier: collections.Counter | None = None) -> list[Work]:
+    """The conversations still to answer, `samples` answers each: `done` counts each output
+    id's occurrences already in the output, `earlier` each input id's occurrences in the input
+    before this shard (a repeated id keeps the sampling stream of its place in the input)."""
     seen: collections.Counter = collections.Counter()
     work = []
     for r in records:
@@ -332,8 +340,8 @@ def plan_work(records: list[ChatRecord], done: collections.Counter, first_only: 
             if occurrence < done[out_id]:
                 counts.resumed += 1
                 continue
-            work.append(Work(len(work), r, occurrence, k, out_id,
-                             conv.Dialogue(r.messages, first_only)))
+            work.append(Work(len(work), r, occurrence + (earlier or {}).get(r.id, 0), k,
+                             out_id, conv.Dialogue(r.messages, first_only)))
     return work
 
 
@@ -497,7 +505,7 @@ def run(cfg: RegenerateConfig, console) -> Counts:
     if cfg.target_dtype not in common.DTYPES:
         raise UserError(f"--target-dtype {cfg.target_dtype!r}: choose "
                         f"{' or '.join(common.DTYPES)}")
-    records = read_input(cfg.input, cfg.limit, shard)  # bad input fails before any loading
+    records, earlier = read_input(cfg.input, cfg.limit, shard)  # bad input fails first
     if not records:
         raise InputError("no conversations to regenerate", path=display_name(cfg.input))
     done, previous = (repair_and_scan(Path(cfg.out)) if cfg.resume
@@ -506,9 +514,9 @@ def run(cfg: RegenerateConfig, console) -> Counts:
     if cfg.endpoint:
         from eagle3kit.jobs import endpoint
 
-        endpoint.run(cfg, records, done, previous, counts, console)
+        endpoint.run(cfg, records, done, previous, counts, console, earlier)
     else:
-        run_local(cfg, records, done, previous, counts, console)
+        run_local(cfg, records, done, previous, counts, console, earlier)
     if not counts.written and not counts.resumed:
         if cfg.out != "-" and Path(cfg.out).exists() and Path(cfg.out).stat().st_size == 0:
             Path(cfg.out).unlink()  # nothing useful was made: leave no empty file behind
@@ -518,7 +526,8 @@ def run(cfg: RegenerateConfig, console) -> Counts:
 
 
 def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collections.Counter,
-              previous: GenerationInfo | None, counts: Counts, console) -> None:
+              previous: GenerationInfo | None, counts: Counts, console,
+              earlier: collections.Counter | None = None) -> None:
     """Generation with the batched engine on this machine's devices."""
     from eagle3kit.data.tokenizing import make_renderer
     from eagle3kit.io.hf import resolve_target
@@ -536,7 +545,7 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
     info = generation_info(cfg, cfg.target, target_digest(ckpt.hf_config, key),
                            cfg.max_context, repetition=True)
     check_resume(cfg, info, previous)
-    work = plan_work(records, done, cfg.turns == "first", cfg.samples, counts)
+    work = plan_work(records, done, cfg.turns == "first", cfg.samples, counts, earlier)
     stops = set(stop_ids(tokenizer, ckpt, renderer))  # eval's rule: eos and end of turn
     memory = functools.partial(  # allocating the cache, or a program's temporaries
         common.out_of_memory, f"--slots {cfg.slots} x --max-context {cfg.max_context}",

@@ -126,9 +126,8 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     _stop_if_asked(stop, "before training started; nothing to save")
     out = _prepare_run_dir(cfg, setup.fingerprints)  # only once every check has passed
     docs, tcfg, mesh = setup.docs, setup.tcfg, setup.mesh
-    per_process_rows = cfg.batch_size * cfg.grad_accum // jax.process_count()
-    epoch_batches = common.agree_max(
-        -(-len(pack_epoch(docs, cfg.seq_len, cfg.seed, 0).rows) // per_process_rows))
+    rows = cfg.batch_size * cfg.grad_accum  # the global batch, every process alike
+    epoch_batches = -(-len(pack_epoch(docs, cfg.seq_len, cfg.seed, 0).rows) // rows)
     # The LR schedule spans the planned run (--epochs); --max-steps only stops early, so a
     # capped run resumed with a larger cap continues exactly as one uninterrupted run.
     planned_steps = epoch_batches * cfg.epochs
@@ -182,7 +181,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
             while step < total_steps:
                 packed = pack_epoch(docs, cfg.seq_len, cfg.seed, epoch)
                 while position < epoch_batches and step < total_steps:
-                    arrays = packed.batch(position * per_process_rows, per_process_rows)
+                    arrays = packed.batch(position * rows, rows)
                     arrays = {k: v.reshape(cfg.grad_accum, -1, cfg.seq_len)
                               for k, v in arrays.items()}
                     batch = put_batch(trainer, arrays)
@@ -248,10 +247,8 @@ def _check_and_load(cfg: TrainConfig) -> _Setup:
                      "select the vocab (vocab-select) from data tokenized with the target's "
                      "tokenizer")
     vocab = common.fit_vocab_to_target(vfile.vocab, tcfg.vocab_size, cfg.vocab)
-    shard = (jax.process_index(), jax.process_count())
-    docs = common.read_docs(cfg.data, key, cfg.seq_len, shard)
-    eval_docs = (common.read_docs(cfg.eval_data, key, cfg.seq_len, shard)
-                 if cfg.eval_data else None)
+    docs = common.read_docs(cfg.data, key, cfg.seq_len)
+    eval_docs = common.read_docs(cfg.eval_data, key, cfg.seq_len) if cfg.eval_data else None
     fingerprints = {
         "tokenizer": vfile.fingerprint.to_json(),
         "data": common.file_digest(cfg.data),
@@ -288,8 +285,7 @@ def _finish(cfg: TrainConfig, out: Path, state, step: int, setup: _Setup, wall: 
         docs, tcfg, mesh = setup.docs, setup.tcfg, setup.mesh
         training = {**cfg.to_json(), "steps": step, "wall_time_s": round(wall),
                     "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind,
-                    "data_records": len(docs) * jax.process_count(),
-                    "data_tokens": docs.num_tokens * jax.process_count(),
+                    "data_records": len(docs), "data_tokens": docs.num_tokens,
                     "mesh": f"data={mesh.shape['data']},tensor={mesh.shape['tensor']}"}
         save_draft(final, Draft(setup.dcfg, state.params, setup.vocab, tcfg.name,
                                 setup.ckpt.hf_config, setup.fingerprints, training),
