@@ -42,6 +42,14 @@ export HOLDOUT_EVERY=${HOLDOUT_EVERY:-50}
 on_gpu() { if [ "$GPUS" -gt 1 ]; then CUDA_VISIBLE_DEVICES=$1 "${@:2}"; else "${@:2}"; fi; }
 
 arm_data() { case "$1" in regen1) echo r1 ;; regen2|combined) echo r2 ;; *) echo v1 ;; esac; }
+# Equal training budget: the regenerated sets are smaller than one epoch of the original (a
+# regeneration time-boxed to REGEN_SECONDS), so they run about as many steps over more epochs.
+arm_epochs() {
+  local d; d=$(arm_data "$1")
+  [ "$d" = v1 ] && { echo 1; return; }
+  $PY -c "import sys, os; a, b = (os.path.getsize(f) for f in sys.argv[1:]); print(max(1, round(a / b)))" \
+    "$A/v1-train.jsonl" "$A/$d-train.jsonl"
+}
 arm_args() {
   case "$1" in
   v1|regen1|regen2) ;;
@@ -96,11 +104,18 @@ one_arm() {  # one arm on one GPU: train, then every measurement
       resume=""; [ -f "$dir/run/config.json" ] && resume=--resume
       on_gpu "$gpu" $E3K train --target "$GGUF" --data "$A/$d-train.jsonl" \
         --vocab "$A/$d-vocab.safetensors" --out "$dir/run" --eval-data "$A/v1-heldout.jsonl" \
-        --epochs 1 ${MAX_STEPS:+--max-steps "$MAX_STEPS"} --seq-len "$SEQ_LEN" --batch-size 4 \
+        --epochs "$(arm_epochs "$arm")" ${MAX_STEPS:+--max-steps "$MAX_STEPS"} --seq-len "$SEQ_LEN" --batch-size 4 \
         --grad-accum "$GRAD_ACCUM" --ttt-length "$TTT" --dtype "$DTYPE" --eval-every 100000 \
         $(arm_args "$arm") $resume
     fi
-    final=$dir/run/final
+    measure "$arm" "$gpu"
+  } > "$log" 2>&1 || echo "$arm failed (see $arm.log)" | tee -a "$OUTDIR/failed.txt"
+  collect "$arm"
+}
+
+measure() {  # the measurements of one trained arm on one GPU
+  local arm=$1 gpu=$2 dir=$A/$1 final=$A/$1/run/final h
+  {
     for h in orig:v1 regen:r1; do
       on_gpu "$gpu" $E3K eval --target "$GGUF" --draft "$final" --data "$A/${h#*:}-heldout.jsonl" \
         --seq-len "$SEQ_LEN" --dtype "$DTYPE" --json > "$dir/eval-${h%%:*}.json"
@@ -111,7 +126,11 @@ one_arm() {  # one arm on one GPU: train, then every measurement
     on_gpu "$gpu" $PY benchmarks/decode_speed.py --target "$GGUF" --draft "$final" \
       --prompts humaneval --steps "$HE_SHAPE" --limit "$HE_LIMIT" --max-new-tokens "$NEW" \
       --dtype "$DTYPE" --target-dtype "$DTYPE" --json > "$dir/humaneval.txt"
-  } > "$log" 2>&1 || echo "$arm failed (see $arm.log)" | tee -a "$OUTDIR/failed.txt"
+  } >> "$OUTDIR/$arm-measure.log" 2>&1
+}
+
+collect() {  # what comes back of one arm, as far as it got
+  local arm=$1 dir=$A/$1 final=$A/$1/run/final f
   for f in eval-orig.json eval-regen.json mtbench.txt humaneval.txt; do
     [ -f "$dir/$f" ] && cp "$dir/$f" "$OUTDIR/$arm-$f"; done
   [ -f "$final/draft_config.json" ] && cp "$final/draft_config.json" "$OUTDIR/$arm-draft_config.json"
@@ -127,6 +146,15 @@ arms)
   for arm in "${list[@]}"; do one_arm "$arm" $((i % GPUS)) & i=$((i + 1))
     [ "$GPUS" -gt 1 ] || wait; done
   wait
+  $PY benchmarks/ablation.py table "$A" "${list[@]}" | tee "$OUTDIR/table-$(echo "$2" | tr , -).md"
+  ;;
+measure)  # arms already trained, measured one after the other on GPU ${GPU:-0}
+  IFS=, read -r -a list <<< "$2"
+  for arm in "${list[@]}"; do measure "$arm" "${GPU:-0}"; collect "$arm"; done
+  ;;
+collect)
+  IFS=, read -r -a list <<< "$2"
+  for arm in "${list[@]}"; do collect "$arm"; done
   $PY benchmarks/ablation.py table "$A" "${list[@]}" | tee "$OUTDIR/table-$(echo "$2" | tr , -).md"
   ;;
 table) $PY benchmarks/ablation.py table "$A" ${2:-v1 eagle31 lk nla tv regen1 regen2 combined} ;;
