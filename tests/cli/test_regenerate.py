@@ -171,7 +171,7 @@ def test_rows_split_over_data_devices_write_the_same_file(target, chats, referen
     r = regenerate("--target", target, *args, "--mesh", "data=4,tensor=1",
                    input=chats.read_bytes())
     assert r.exit_code == 0, r.output
-    assert "mesh {'data': 4, 'tensor': 1}" in r.output
+    assert "mesh data=4,tensor=1" in r.output
     assert r.stdout_bytes == reference
 
 

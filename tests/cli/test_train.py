@@ -377,7 +377,8 @@ def test_loss_and_step_weights_are_trained_recorded_and_pinned(a, tmp_path):
         r = invoke(args)
         assert r.exit_code == 3, r.output
         assert r.output.strip() == (f"error: {out / 'config.json'}: {option} is {value!r} but "
-                                    f"the run was started with {old!r}"), r.output
+                                    f"the run was started with {old!r}; resume with its "
+                                    "settings, or start a new run in another --out"), r.output
     assert (out / "config.json").read_text() == before
     assert not (out / "checkpoints" / "step_00000003").exists()
     # a run recorded before --loss existed was trained with today's default, kl

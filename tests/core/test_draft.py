@@ -3,6 +3,8 @@ independent PyTorch implementation written here from the reference description."
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,7 @@ from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.core.sharding import init_weights
 from eagle3kit.core.vocab import VocabMap
+from eagle3kit.errors import InputError
 from eagle3kit.io.draft_io import Draft, load_draft, save_draft
 
 LLAMA_31_8B = {
@@ -194,3 +197,13 @@ def test_draft_format_round_trip(tmp_path):
     np.testing.assert_array_equal(back.vocab.d2t, vocab.d2t)
     with pytest.raises(FileExistsError):
         save_draft(tmp_path / "d", back)
+
+
+def test_architecture_names_round_trip_and_an_unnamed_mix_is_still_named():
+    cfg = tiny_draft_config()
+    for name in ("eagle3", "eagle3.1", "eagle3.1-fc"):
+        assert cfg.with_arch(name).arch == name
+    # a draft imported with only speculators' norm_output: runnable, named by its flags
+    assert dataclasses.replace(cfg, norm_output=True).arch == "eagle3+norm_output"
+    with pytest.raises(InputError, match="eagle3, eagle3.1, eagle3.1-fc"):
+        cfg.with_arch("eagle4")

@@ -119,9 +119,12 @@ def test_listed_layer_order_is_read_as_vllm_captures(target, tmp_path):
 
 
 def test_qk_norm_and_other_flags_are_refused(target, tmp_path):
-    _, out = _foreign(target, tmp_path, norm_output=True)
-    with pytest.raises(InputError, match="norm_output"):
+    _, out = _foreign(target, tmp_path, norm_before_fc=True)
+    with pytest.raises(InputError, match="norm_before_fc"):
         load_any_draft(out, target=str(target.directory))
+    # EAGLE-3.1's norm_output alone is a draft eagle3kit runs, named by its flags
+    _, out = _foreign(target, tmp_path / "n", norm_output=True)
+    assert load_any_draft(out, target=str(target.directory)).config.arch == "eagle3+norm_output"
     _, out = _foreign(target, tmp_path / "b")
     tensors, meta = st.load(out / "model.safetensors")
     tensors["layers.0.self_attn.q_norm.weight"] = np.ones(8, np.float32)

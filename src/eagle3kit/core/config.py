@@ -397,10 +397,12 @@ class DraftConfig:
 
     @property
     def arch(self) -> str:
-        """The name in `ARCHES` of this draft's architecture."""
+        """The name in `ARCHES` of this draft's architecture (an imported draft with another
+        mix of the 3.1 flags: `eagle3+` and its flags)."""
         flags = {f: getattr(self, f) for f in ("fc_norm", "norm_output")}
-        return next(name for name, on in ARCHES.items()
-                    if flags == {f: f in on for f in flags})
+        return next((name for name, on in ARCHES.items()
+                     if flags == {f: f in on for f in flags}),
+                    "eagle3+" + "+".join(f for f, on in flags.items() if on))
 
     def with_arch(self, name: str) -> DraftConfig:
         """The same draft with the architecture `name` (a key of `ARCHES`)."""
