@@ -117,8 +117,10 @@ measure() {  # the measurements of one trained arm on one GPU
   local arm=$1 gpu=$2 dir=$A/$1 final=$A/$1/run/final h
   {
     for h in orig:v1 regen:r1; do
+      # written aside first: another arm may be reading it (best-loss)
       on_gpu "$gpu" $E3K eval --target "$GGUF" --draft "$final" --data "$A/${h#*:}-heldout.jsonl" \
-        --seq-len "$SEQ_LEN" --dtype "$DTYPE" --json > "$dir/eval-${h%%:*}.json"
+        --seq-len "$SEQ_LEN" --dtype "$DTYPE" --json > "$dir/eval-${h%%:*}.json.new"
+      mv "$dir/eval-${h%%:*}.json.new" "$dir/eval-${h%%:*}.json"
     done
     on_gpu "$gpu" $PY benchmarks/decode_speed.py --target "$GGUF" --draft "$final" \
       --prompts mt-bench --steps "$SHAPES" --limit "$MT_LIMIT" --max-new-tokens "$NEW" \
