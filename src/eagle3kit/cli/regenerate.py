@@ -103,7 +103,7 @@ def regenerate(
 
     Generation runs on a batched engine here (continuous refill of --slots rows), or on an
     OpenAI-compatible server with --endpoint. Records are written as conversations finish;
-    after a kill, --resume continues; SIGINT/SIGTERM stop cleanly with exit 75.
+    after a kill, --resume continues; SIGINT/SIGTERM/SIGUSR1 stop cleanly with exit 75.
 
     Small targets loop: the local engine ends an answer whose tail repeats one block
     (--repeat-*, finish reason 'repetition'); sample them (--temperature, --top-p, --top-k)

@@ -116,9 +116,9 @@ def train(
 
     Each step runs the target (frozen) on packed rows of --seq-len tokens, captures three
     hidden states, and trains the draft on a --ttt-length-step rollout. Checkpoints are
-    atomic; --resume continues exactly where a run stopped. SIGTERM or Ctrl-C (preemption,
-    a batch scheduler, a spot VM) checkpoints at the next step boundary and exits 75, like
-    --time-limit; a second Ctrl-C quits at once. The finished draft lands in OUT/final, the
+    atomic; --resume continues exactly where a run stopped. SIGTERM, SIGUSR1 or Ctrl-C
+    (preemption, a batch scheduler, a spot VM) checkpoints at the next step boundary and
+    exits 75, like --time-limit; a second Ctrl-C quits at once. The finished draft lands in OUT/final, the
     input of `eagle3kit eval` and `eagle3kit convert`.
     """
     options = dict(locals())  # every option, by name: the config takes them as they are

@@ -1,6 +1,7 @@
-"""Preemption: SIGTERM and SIGINT stop a long job at its next safe point, not mid-write.
+"""Preemption: SIGTERM, SIGINT and SIGUSR1 stop a long job at its next safe point, not mid-write.
 
-Spot VMs, TPU maintenance and batch schedulers send SIGTERM; a user presses Ctrl-C. Either
+Spot VMs, TPU maintenance and batch schedulers send SIGTERM; SLURM sends SIGUSR1 ahead of a
+job's time limit when asked to (`#SBATCH --signal=USR1@300`); a user presses Ctrl-C. Each
 only sets a flag here; the job reads it at step boundaries (`requested`), checkpoints and exits
 75 (EX_TEMPFAIL), so `--resume` loses nothing. A second Ctrl-C quits at once: after the first,
 SIGINT gets its default action back, which ends the process even inside a long XLA call (a
@@ -20,15 +21,15 @@ from eagle3kit.errors import UserError
 
 
 class Preempted(UserError):
-    """Stopped by SIGTERM/SIGINT at a step boundary; the run is resumable (exit 75)."""
+    """Stopped by SIGTERM/SIGINT/SIGUSR1 at a step boundary; the run is resumable (exit 75)."""
 
     exit_code = 75
 
 
 class Preemption:
-    """A context that turns SIGTERM/SIGINT into a flag; `requested` reads it."""
+    """A context that turns SIGTERM/SIGINT/SIGUSR1 into a flag; `requested` reads it."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
     def __init__(self, say: Callable[[str], None] | None = None,
                  at: str = "the next step boundary with a checkpoint"):
@@ -48,7 +49,7 @@ class Preemption:
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is not None:
-            return  # a second SIGTERM: the scheduler's SIGKILL will follow if it must
+            return  # a second SIGTERM or SIGUSR1: the scheduler's SIGKILL follows if it must
         self.received = signum
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # the next Ctrl-C ends the process now
         self._say(f"{signal.Signals(signum).name} received: stopping at {self._at} "
