@@ -10,7 +10,8 @@ sliding window with sinks), then one line a shape and path: milliseconds a call,
 call must read (every row's keys and values up to its own length, plus queries and outputs),
 those bytes over the time (GB/s) and that as a share of the card's HBM bandwidth. The XLA
 path's window is the longest row rounded up to 256 slots, as the engine buckets it; rows'
-lengths are uniform in [1, S - T]. A layer's cache only: a model step runs this once a layer.
+lengths are uniform in [1, S - T]. Verify shapes carry a tree mask, the prefill piece is
+causal. One layer's cache: a model step runs this once a layer.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ SHAPES = {  # name: (rows B = C, new tokens T, N, K, H, slots S, window, sinks)
     "smollm2-2048": (512, 1, 9, 3, 64, 2048, 0, False),
     "smollm2-2048-verify8": (512, 8, 9, 3, 64, 2048, 0, False),
     "gptoss-window128": (64, 4, 64, 8, 64, 4096, 128, True),
+    "llama8b-4096-piece256": (32, 256, 32, 8, 128, 4096, 0, False),  # a prefill piece
     "tiny": (4, 3, 4, 2, 16, 64, 8, True),  # a smoke test off GPUs (interpret mode)
 }
 BANDWIDTH = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}
@@ -38,12 +40,14 @@ GPU = jax.default_backend() == "gpu"
 
 
 def inputs(b, t, n, kh, h, s, dtype, seed=0):
-    """q, the caches (rows in shuffled order), each row's prefix and positions, a tree mask
-    (every token's parent one of the two before it)."""
+    """q, the caches (rows in shuffled order), each row's prefix and positions, and for
+    T <= 64 a tree mask (every token's parent one of the two before it); longer T is a
+    prefill piece (causal, mask None)."""
     rng = np.random.default_rng(seed)
     prefix = rng.integers(1, s - t + 1, size=b)
     rows = rng.permutation(b)
-    parent = [-1] + [int(rng.integers(max(0, j - 2), j)) for j in range(1, t)]
+    parent = [-1] + [j - 1 if t > 64 else int(rng.integers(max(0, j - 2), j))
+                     for j in range(1, t)]
     mask = np.eye(t, dtype=bool)
     depth = np.zeros(t, np.int64)
     for j in range(1, t):
@@ -56,7 +60,7 @@ def inputs(b, t, n, kh, h, s, dtype, seed=0):
                 v=jax.random.normal(kv, (b, s, kh, h), dtype),
                 rows=jnp.asarray(rows, jnp.int32), prefix=jnp.asarray(prefix, jnp.int32),
                 positions=jnp.asarray(prefix[:, None] + depth, jnp.int32),
-                mask=jnp.asarray(np.broadcast_to(mask, (b, t, t))),
+                mask=jnp.asarray(np.broadcast_to(mask, (b, t, t))) if t <= 64 else None,
                 sinks=jax.random.normal(ks, (n,), jnp.float32))
 
 

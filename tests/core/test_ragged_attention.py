@@ -23,7 +23,7 @@ from eagle3kit.core.ragged_attention import RaggedBlocks, attend_rows
 TOL = dict(rtol=2e-5, atol=2e-5)
 C, S, H = 6, 56, 16
 ROWS = np.array([4, 0, 5, 2])
-BLOCKS = RaggedBlocks(k=16, q=16, interpret=True)  # T x G = 24 query rows: two row blocks
+BLOCKS = RaggedBlocks(k=16, q=16, interpret=True)  # T x G > 16 query rows: row blocks
 
 
 def tree_mask(rng, t: int) -> tuple[np.ndarray, np.ndarray]:
@@ -112,6 +112,8 @@ CASES = {
     "chain": dict(t=5),
     "tree": dict(t=8, tree=True),
     "any-mask": dict(t=6, any_mask=True),  # token 0 need not be visible
+    "chain-20": dict(t=20),  # new tokens in two 16-slot blocks, 4 query row blocks
+    "tree-20": dict(t=20, tree=True, window=4),
     "window": dict(t=5, window=7),  # reaches back across the prefix / new token boundary
     "tree-window": dict(t=8, tree=True, window=3),  # prunes deep new tokens too
     "sinks-window": dict(t=3, window=9, sinks=True),  # gpt-oss
@@ -163,12 +165,12 @@ def test_a_query_seeing_nothing_is_finite():
         np.testing.assert_allclose(run(c, impl)[0, 1], 0.0, atol=1e-6)
 
 
-def test_unknown_impl_and_a_cache_too_short_for_the_new_tokens():
+def test_unknown_impl_and_a_cache_shorter_than_a_block():
     c = make_case(t=1)
     with pytest.raises(ValueError, match="unknown impl"):
         run(c, "cudnn")
-    c = make_case(t=40)  # 40 new tokens form a 64-slot block; the cache has 56
-    c["prefix"] = np.array([0, 1, 2, 3])
-    c["positions"] = c["prefix"][:, None] + np.arange(40)
-    with pytest.raises(ValueError, match="at least 64 slots"):
+    c["k"], c["v"] = c["k"][:, :8], c["v"][:, :8]
+    c["prefix"] = np.array([0, 1, 2, 7])
+    c["positions"] = c["prefix"][:, None]
+    with pytest.raises(ValueError, match="at least 16 slots"):
         run(c, "pallas")

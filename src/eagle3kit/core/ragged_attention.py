@@ -14,8 +14,9 @@ Two paths compute the same thing:
   the reference (CPU, fp32) and the fallback.
 - "pallas" runs one program per (batch row, kv head, block of query rows). It loops over key
   blocks from the row's first slot the window lets any query see to its prefix, loading them
-  straight from cache row `rows_B[b]` (no window is copied out of the cache), then one block
-  of the T new tokens starting at slot prefix with the tree mask; online softmax in fp32. The
+  straight from cache row `rows_B[b]` (no window is copied out of the cache), then the T new
+  tokens from slot prefix on, a block at a time, with the block mask (causal: only up to the
+  program's last query token); online softmax in fp32. The
   N/K query heads of a kv head share its key loads: the program's query rows are the T x G
   (token, head) pairs of that kv head. Triton on GPUs, Pallas' interpreter elsewhere.
 
@@ -74,7 +75,8 @@ def attend_rows(q_BxTxNxH: jax.Array, k_cache_CxSxKxH: jax.Array, v_cache_CxSxKx
     impl              "xla" (gather + mask) or "pallas" (in place; interpret mode off GPUs)
     blocks            the kernel's tiles (default RaggedBlocks(); interpret off GPUs)
 
-    The kernel needs S >= the new tokens' block (T rounded up to a power of two, >= 16).
+    The kernel needs S >= 16. It is made for T up to a few hundred (decoding, verifying,
+    prefill pieces that read the row); a prompt's first piece (no prefix) is cuDNN's work.
     """
     if impl == "xla":
         return _attend_xla(q_BxTxNxH, k_cache_CxSxKxH, v_cache_CxSxKxH, rows_B, prefix_B,
@@ -128,7 +130,7 @@ def _dot(a, b, trans_b: bool = False):
 
 def _kernel(rows_ref, prefix_ref, first_ref, window_ref, q_ref, qpos_ref, mask_ref, kpos_ref,
             sink_ref, k_ref, v_ref, o_ref, *, scale: float, softcap: float, block_k: int,
-            new_block: int, slots: int, windowed: bool):
+            chunk: int, chunks: int, group: int, causal: bool, slots: int, windowed: bool):
     """One (batch row, kv head, query rows) program; the refs are described in
     `_attend_pallas`."""
     kv_head = pl.program_id(1)
@@ -167,15 +169,25 @@ def _kernel(rows_ref, prefix_ref, first_ref, window_ref, q_ref, qpos_ref, mask_r
             jnp.where(sink_ref[...] > -jnp.inf, 1.0, 0.0).astype(jnp.float32))
     carry = jax.lax.fori_loop(_div(first_ref[0], block_k), _div(prefix + block_k - 1, block_k),
                               prefix_block, init)
-    # The new tokens: one block from slot prefix (from S - block when that runs past the end;
-    # then its first `shift` columns are prefix slots, already counted, and the mask and key
-    # positions, stored after `new_block` leading zeros, are read shifted to match).
-    start = jnp.minimum(prefix, slots - new_block)
-    offset = new_block - (prefix - start)
-    keys = pl.ds(start, new_block)
-    visible = mask_ref[:, pl.ds(offset, new_block)] != 0
-    acc, m, l_sum = update(carry, k_ref[row, keys, kv_head, :], v_ref[row, keys, kv_head, :],
-                           visible, kpos_ref[pl.ds(offset, new_block)])
+    # The new tokens, `chunk` at a time from slot prefix. A chunk that would run past the
+    # cache's end starts `shift` slots earlier; its first `shift` columns were counted
+    # already. Mask and key positions are stored after `chunk` zero columns, so the shifted
+    # read stays inside them.
+    def new_chunk(c, carry):
+        wanted = prefix + c * chunk
+        start = jnp.minimum(wanted, slots - chunk)
+        offset = chunk + c * chunk - (wanted - start)
+        keys = pl.ds(start, chunk)
+        visible = (mask_ref[:, pl.ds(offset, chunk)] != 0) & (start + jnp.arange(chunk)
+                                                             >= wanted)[None, :]
+        return update(carry, k_ref[row, keys, kv_head, :], v_ref[row, keys, kv_head, :],
+                      visible, kpos_ref[pl.ds(offset, chunk)])
+
+    last = chunks
+    if causal:  # no query row of this program sees a token past its own
+        last_token = _div((pl.program_id(2) + 1) * rows_q - 1, group)
+        last = jnp.minimum(chunks, _div(last_token, chunk) + 1)
+    acc, m, l_sum = jax.lax.fori_loop(0, last, new_chunk, carry)
     o_ref[...] = (acc / l_sum[:, None]).astype(o_ref.dtype)
 
 
@@ -191,11 +203,12 @@ def _attend_pallas(q, k_cache, v_cache, rows, prefix, q_positions, block_mask, w
     b, t, n, h = q.shape
     _, s, kh, _ = k_cache.shape
     g = n // kh
-    new_block = _pow2(t)
     block_k = min(blocks.k, 1 << (s.bit_length() - 1))  # a power of two <= S
-    if s < new_block or block_k < 16:
-        raise ValueError(f"attend_rows: the Pallas kernel needs a cache of at least "
-                         f"{max(new_block, 16)} slots for {t} new tokens, got {s}")
+    if block_k < 16:
+        raise ValueError(f"attend_rows: the Pallas kernel needs a cache of at least 16 "
+                         f"slots, got {s}")
+    chunk = min(_pow2(t), block_k)
+    chunks = -(-t // chunk)
     m = t * g
     m_pad = _pow2(m)
     block_q = min(m_pad, blocks.q)
@@ -207,12 +220,13 @@ def _attend_pallas(q, k_cache, v_cache, rows, prefix, q_positions, block_mask, w
     q_rows = q.astype(k_cache.dtype).reshape(b, t, kh, g, h).transpose(0, 2, 1, 3, 4)
     q_rows = jnp.pad(q_rows.reshape(b, kh, m, h), ((0, 0), (0, 0), (0, m_pad - m), (0, 0)))
     qpos_rows = q_positions.astype(jnp.int32)[:, token_m]  # [B, M]
-    block_mask = _causal(b, t) if block_mask is None else block_mask.astype(bool)
+    causal = block_mask is None
+    block_mask = _causal(b, t) if causal else block_mask.astype(bool)
     mask_rows = block_mask[:, token_m] & real_m[None, :, None]  # [B, M, T]
-    # Mask and key positions after `new_block` zero columns (the kernel's shifted read).
-    mask_rows = jnp.pad(mask_rows.astype(jnp.int32),
-                        ((0, 0), (0, 0), (new_block, new_block - t)))
-    kpos = jnp.pad(q_positions.astype(jnp.int32), ((0, 0), (new_block, new_block - t)))
+    # Mask and key positions after `chunk` zero columns (the kernel's shifted read).
+    width = chunk * (chunks + 1)
+    mask_rows = jnp.pad(mask_rows.astype(jnp.int32), ((0, 0), (0, 0), (chunk, width - chunk - t)))
+    kpos = jnp.pad(q_positions.astype(jnp.int32), ((0, 0), (chunk, width - chunk - t)))
     if sinks is None:
         sink_rows = jnp.full((kh, m_pad), -jnp.inf, jnp.float32)
     else:
@@ -227,7 +241,8 @@ def _attend_pallas(q, k_cache, v_cache, rows, prefix, q_positions, block_mask, w
 
     per_row = pl.BlockSpec((1,), lambda i, j, r: (i,))
     kernel = functools.partial(_kernel, scale=float(scale), softcap=float(softcap),
-                               block_k=block_k, new_block=new_block, slots=s,
+                               block_k=block_k, chunk=chunk, chunks=chunks, group=g,
+                               causal=causal, slots=s,
                                windowed=windowed)
     cache = pl.BlockSpec(k_cache.shape, lambda i, j, r: (0, 0, 0, 0))
     out = pl.pallas_call(
@@ -235,8 +250,8 @@ def _attend_pallas(q, k_cache, v_cache, rows, prefix, q_positions, block_mask, w
         in_specs=[per_row, per_row, per_row, pl.BlockSpec((1,), lambda i, j, r: (0,)),
                   pl.BlockSpec((None, None, block_q, h), lambda i, j, r: (i, j, r, 0)),
                   pl.BlockSpec((None, block_q), lambda i, j, r: (i, r)),
-                  pl.BlockSpec((None, block_q, 2 * new_block), lambda i, j, r: (i, r, 0)),
-                  pl.BlockSpec((None, 2 * new_block), lambda i, j, r: (i, 0)),
+                  pl.BlockSpec((None, block_q, width), lambda i, j, r: (i, r, 0)),
+                  pl.BlockSpec((None, width), lambda i, j, r: (i, 0)),
                   pl.BlockSpec((None, block_q), lambda i, j, r: (j, r)),
                   cache, cache],
         out_specs=pl.BlockSpec((None, None, block_q, h), lambda i, j, r: (i, j, r, 0)),
