@@ -4,6 +4,7 @@ cache's first `window` slots copied out, the batch's rows gathered, the mask bui
 
     python benchmarks/ragged_attention.py                     # check + time, all shapes
     python benchmarks/ragged_attention.py --shapes llama8b-4096 --blocks 64,64,4,2 128,64,8,3
+    python benchmarks/ragged_attention.py --shapes llama8b-1row-4096 --blocks 64,64,4,2,1
 
 First each path's error in bf16 against the XLA path in fp32 (ragged rows, a tree mask, a
 sliding window with sinks), then one line a shape and path: milliseconds a call, the bytes a
@@ -31,6 +32,8 @@ SHAPES = {  # name: (rows B = C, new tokens T, N, K, H, slots S, window, sinks)
     "llama8b-4096-verify8": (128, 8, 32, 8, 128, 4096, 0, False),
     "smollm2-2048": (512, 1, 9, 3, 64, 2048, 0, False),
     "smollm2-2048-verify8": (512, 8, 9, 3, 64, 2048, 0, False),
+    "smollm2-8rows-verify4": (8, 4, 9, 3, 64, 2048, 0, False),  # batched spec decoding
+    "llama8b-1row-4096": (1, 1, 32, 8, 128, 4096, 0, False),  # split rows (flash decoding)
     "gptoss-window128": (64, 4, 64, 8, 64, 4096, 128, True),
     "llama8b-4096-piece256": (32, 256, 32, 8, 128, 4096, 0, False),  # a prefill piece
     "tiny": (4, 3, 4, 2, 16, 64, 8, True),  # a smoke test off GPUs (interpret mode)
@@ -121,11 +124,13 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="*",
                         default=[s for s in SHAPES if s != "tiny"] if GPU else ["tiny"])
     parser.add_argument("--blocks", nargs="*", default=["64,64,4,2"],
-                        help="kernel tiles k,q,num_warps,num_stages (one run each)")
+                        help="kernel tiles k,q,num_warps,num_stages[,split] (one run each; "
+                             "split 0 or left out: automatic)")
     parser.add_argument("--reps", type=int, default=50 if GPU else 2)
     args = parser.parse_args()
-    settings = [RaggedBlocks(*map(int, spec.split(",")), interpret=not GPU)
-                for spec in args.blocks]
+    names = ("k", "q", "num_warps", "num_stages", "split")
+    settings = [RaggedBlocks(**dict(zip(names, map(int, spec.split(",")), strict=False)),
+                             interpret=not GPU) for spec in args.blocks]
     device = jax.devices()[0].device_kind
     bandwidth = BANDWIDTH.get(device)
     print(f"# ragged decode/verify attention, one layer, bf16, on {device}")
@@ -139,7 +144,8 @@ def main() -> None:
         print("| path | ms | GB read | GB/s | share of HBM bandwidth |")
         print("|---|---|---|---|---|")
         for label, path, blocks in ([("xla (window copied)", "xla", None)]
-                                    + [(f"pallas {b.k},{b.q},{b.num_warps},{b.num_stages}",
+                                    + [(f"pallas {b.k},{b.q},{b.num_warps},{b.num_stages},"
+                                        f"{b.split}",
                                         "pallas", b) for b in settings]):
             ms = timed(make_call(path, shape, blocks, x), args.reps)
             rate = need / (ms * 1e-3)

@@ -133,6 +133,14 @@ def test_pallas_equals_xla(name):
     np.testing.assert_allclose(run(c, "pallas"), run(c, "xla"), **TOL)
 
 
+@pytest.mark.parametrize("name", ["chain-20", "tree-window", "sinks-window"])
+def test_pallas_split_rows_equal_xla(name):
+    """Three programs share each row's key blocks (flash decoding), merged afterwards."""
+    c = make_case(**CASES[name])
+    split = RaggedBlocks(k=16, q=16, split=3, interpret=True)
+    np.testing.assert_allclose(run(c, "pallas", blocks=split), run(c, "xla"), **TOL)
+
+
 def test_pallas_traced_window_and_default_blocks():
     """A window given as a traced scalar (one compiled program for local and global layers),
     0 meaning none; and the default tiles (one block covering the whole short cache)."""

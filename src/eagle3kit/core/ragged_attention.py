@@ -18,7 +18,9 @@ Two paths compute the same thing:
   tokens from slot prefix on, a block at a time, with the block mask (causal: only up to the
   program's last query token); online softmax in fp32. The
   N/K query heads of a kv head share its key loads: the program's query rows are the T x G
-  (token, head) pairs of that kv head. Triton on GPUs, Pallas' interpreter elsewhere.
+  (token, head) pairs of that kv head. When rows x kv heads are too few to fill the GPU,
+  several programs share a row's key blocks and their partial sums are merged (flash
+  decoding). Rows launch longest first. Triton on GPUs, Pallas' interpreter elsewhere.
 
 A query that sees no key at all (a mask row of all False and an empty prefix) gets the mean of
 the values it was shown, as attend_general's uniform row: the XLA path averages all S slots
@@ -48,10 +50,15 @@ _MASKED = -1e30  # as attend_general: finite, so a block a row cannot see weighs
 @dataclasses.dataclass(frozen=True)
 class RaggedBlocks:
     """Tiles (powers of two) and Triton settings: `k` cache slots a loop step, at most `q`
-    query rows a program. `interpret`: Pallas' interpreter (any backend)."""
+    query rows a program. `split`: programs sharing one row's key blocks (their partial
+    sums merged afterwards, as flash decoding), so few rows still fill the GPU; 0 = enough
+    for about `programs` programs (two per SM of an H100), at most S / (4 k).
+    `interpret`: Pallas' interpreter (any backend)."""
 
     k: int = 64
     q: int = 64
+    split: int = 0
+    programs: int = 264
     num_warps: int = 4
     num_stages: int = 2
     interpret: bool = False
@@ -129,11 +136,12 @@ def _dot(a, b, trans_b: bool = False):
 
 
 def _kernel(rows_ref, prefix_ref, first_ref, window_ref, q_ref, qpos_ref, mask_ref, kpos_ref,
-            sink_ref, k_ref, v_ref, o_ref, *, scale: float, softcap: float, block_k: int,
-            chunk: int, chunks: int, group: int, causal: bool, slots: int, windowed: bool):
-    """One (batch row, kv head, query rows) program; the refs are described in
+            sink_ref, k_ref, v_ref, *out_refs, scale: float, softcap: float, block_k: int,
+            chunk: int, chunks: int, group: int, causal: bool, slots: int, windowed: bool,
+            split: int):
+    """One (kv head, batch row, query rows, key split) program; the refs are described in
     `_attend_pallas`."""
-    kv_head = pl.program_id(1)
+    kv_head, part = pl.program_id(0), pl.program_id(3)
     row, prefix = rows_ref[0], prefix_ref[0]
     q = q_ref[...]
     qpos = qpos_ref[...]
@@ -165,14 +173,21 @@ def _kernel(rows_ref, prefix_ref, first_ref, window_ref, q_ref, qpos_ref, mask_r
                       visible, cols)
 
     rows_q, h = q.shape
-    init = (jnp.zeros((rows_q, h), jnp.float32), sink_ref[...],  # -inf, or the sink logit
-            jnp.where(sink_ref[...] > -jnp.inf, 1.0, 0.0).astype(jnp.float32))
-    carry = jax.lax.fori_loop(_div(first_ref[0], block_k), _div(prefix + block_k - 1, block_k),
-                              prefix_block, init)
-    # The new tokens, `chunk` at a time from slot prefix. A chunk that would run past the
-    # cache's end starts `shift` slots earlier; its first `shift` columns were counted
-    # already. Mask and key positions are stored after `chunk` zero columns, so the shifted
-    # read stays inside them.
+    sink = jnp.where(part == 0, sink_ref[...], -jnp.inf)  # -inf, or the sink logit (once)
+    init = (jnp.zeros((rows_q, h), jnp.float32), sink,
+            jnp.where(sink > -jnp.inf, 1.0, 0.0).astype(jnp.float32))
+    lo = _div(first_ref[0], block_k)
+    hi = _div(prefix + block_k - 1, block_k)
+    if split > 1:  # this program's share of the row's key blocks
+        share = _div(jnp.maximum(hi - lo, 0) + split - 1, split)
+        lo = lo + part * share
+        hi = jnp.minimum(hi, lo + share)
+    carry = jax.lax.fori_loop(lo, hi, prefix_block, init)
+
+    # The new tokens, `chunk` at a time from slot prefix (by the last split). A chunk that
+    # would run past the cache's end starts earlier; its columns before slot `wanted` were
+    # counted already. Mask and key positions are stored after `chunk` zero columns, so the
+    # shifted read stays inside them.
     def new_chunk(c, carry):
         wanted = prefix + c * chunk
         start = jnp.minimum(wanted, slots - chunk)
@@ -187,8 +202,14 @@ def _kernel(rows_ref, prefix_ref, first_ref, window_ref, q_ref, qpos_ref, mask_r
     if causal:  # no query row of this program sees a token past its own
         last_token = _div((pl.program_id(2) + 1) * rows_q - 1, group)
         last = jnp.minimum(chunks, _div(last_token, chunk) + 1)
+    if split > 1:
+        last = jnp.where(part == split - 1, last, 0)
     acc, m, l_sum = jax.lax.fori_loop(0, last, new_chunk, carry)
-    o_ref[...] = (acc / l_sum[:, None]).astype(o_ref.dtype)
+    if split == 1:
+        out_refs[0][...] = (acc / l_sum[:, None]).astype(out_refs[0].dtype)
+    else:  # unnormalised, merged by log-sum-exp afterwards
+        for ref, x in zip(out_refs, (acc, m, l_sum), strict=True):
+            ref[...] = x
 
 
 def _compiler_params(blocks: RaggedBlocks):
@@ -212,16 +233,23 @@ def _attend_pallas(q, k_cache, v_cache, rows, prefix, q_positions, block_mask, w
     m = t * g
     m_pad = _pow2(m)
     block_q = min(m_pad, blocks.q)
+    grid = (kh, b, m_pad // block_q)
+    split = blocks.split or max(1, min(-(-blocks.programs // math.prod(grid)),
+                                       s // (4 * block_k)))
     token_m = jnp.arange(m_pad) // g  # query row -> new token (pad rows: past T)
     real_m = token_m < t
     token_m = jnp.minimum(token_m, t - 1)
+    # Longest rows first (kv heads vary fastest in the launch order): no long row is left
+    # to run alone at the end.
+    order = jnp.argsort(-prefix)
+    q, rows, prefix, q_positions = q[order], rows[order], prefix[order], q_positions[order]
 
     # Query rows of each kv head: (token, head in the group) pairs, the pad rows zero.
     q_rows = q.astype(k_cache.dtype).reshape(b, t, kh, g, h).transpose(0, 2, 1, 3, 4)
     q_rows = jnp.pad(q_rows.reshape(b, kh, m, h), ((0, 0), (0, 0), (0, m_pad - m), (0, 0)))
     qpos_rows = q_positions.astype(jnp.int32)[:, token_m]  # [B, M]
     causal = block_mask is None
-    block_mask = _causal(b, t) if causal else block_mask.astype(bool)
+    block_mask = _causal(b, t) if causal else block_mask[order].astype(bool)
     mask_rows = block_mask[:, token_m] & real_m[None, :, None]  # [B, M, T]
     # Mask and key positions after `chunk` zero columns (the kernel's shifted read).
     width = chunk * (chunks + 1)
@@ -239,26 +267,38 @@ def _attend_pallas(q, k_cache, v_cache, rows, prefix, q_positions, block_mask, w
                           jnp.maximum(0, q_positions.min(axis=1).astype(jnp.int32)
                                       - window[0] + 1), 0)
 
-    per_row = pl.BlockSpec((1,), lambda i, j, r: (i,))
+    per_row = pl.BlockSpec((1,), lambda j, i, r, p: (i,))
+    cache = pl.BlockSpec(k_cache.shape, lambda j, i, r, p: (0, 0, 0, 0))
+    if split == 1:
+        out_specs = pl.BlockSpec((None, None, block_q, h), lambda j, i, r, p: (i, j, r, 0))
+        out_shape = jax.ShapeDtypeStruct((b, kh, m_pad, h), q.dtype)
+    else:
+        stat = pl.BlockSpec((None, None, None, block_q), lambda j, i, r, p: (p, i, j, r))
+        out_specs = [pl.BlockSpec((None, None, None, block_q, h),
+                                  lambda j, i, r, p: (p, i, j, r, 0)), stat, stat]
+        out_shape = [jax.ShapeDtypeStruct((split, b, kh, m_pad, h), jnp.float32),
+                     *[jax.ShapeDtypeStruct((split, b, kh, m_pad), jnp.float32)] * 2]
     kernel = functools.partial(_kernel, scale=float(scale), softcap=float(softcap),
                                block_k=block_k, chunk=chunk, chunks=chunks, group=g,
-                               causal=causal, slots=s,
-                               windowed=windowed)
-    cache = pl.BlockSpec(k_cache.shape, lambda i, j, r: (0, 0, 0, 0))
+                               causal=causal, slots=s, windowed=windowed, split=split)
     out = pl.pallas_call(
-        kernel, grid=(b, kh, m_pad // block_q),
-        in_specs=[per_row, per_row, per_row, pl.BlockSpec((1,), lambda i, j, r: (0,)),
-                  pl.BlockSpec((None, None, block_q, h), lambda i, j, r: (i, j, r, 0)),
-                  pl.BlockSpec((None, block_q), lambda i, j, r: (i, r)),
-                  pl.BlockSpec((None, block_q, width), lambda i, j, r: (i, r, 0)),
-                  pl.BlockSpec((None, width), lambda i, j, r: (i, 0)),
-                  pl.BlockSpec((None, block_q), lambda i, j, r: (j, r)),
+        kernel, grid=(*grid, split),
+        in_specs=[per_row, per_row, per_row, pl.BlockSpec((1,), lambda j, i, r, p: (0,)),
+                  pl.BlockSpec((None, None, block_q, h), lambda j, i, r, p: (i, j, r, 0)),
+                  pl.BlockSpec((None, block_q), lambda j, i, r, p: (i, r)),
+                  pl.BlockSpec((None, block_q, width), lambda j, i, r, p: (i, r, 0)),
+                  pl.BlockSpec((None, width), lambda j, i, r, p: (i, 0)),
+                  pl.BlockSpec((None, block_q), lambda j, i, r, p: (j, r)),
                   cache, cache],
-        out_specs=pl.BlockSpec((None, None, block_q, h), lambda i, j, r: (i, j, r, 0)),
-        out_shape=jax.ShapeDtypeStruct((b, kh, m_pad, h), q.dtype),
+        out_specs=out_specs, out_shape=out_shape,
         compiler_params=_compiler_params(blocks), interpret=blocks.interpret,
         name="ragged_attention")(rows.astype(jnp.int32), prefix.astype(jnp.int32), first,
                                  window, q_rows, qpos_rows, mask_rows, kpos, sink_rows,
                                  k_cache, v_cache)
+    if split > 1:  # merge the splits' partial sums (m: base-2 maxima)
+        acc, m_p, l_p = out
+        weight = jnp.exp2(m_p - m_p.max(axis=0))
+        out = ((acc * weight[..., None]).sum(0)
+               / (l_p * weight).sum(0)[..., None]).astype(q.dtype)
     out = out[:, :, :m].reshape(b, kh, t, g, h).transpose(0, 2, 1, 3, 4)
-    return out.reshape(b, t, n, h)
+    return out.reshape(b, t, n, h)[jnp.argsort(order)]
