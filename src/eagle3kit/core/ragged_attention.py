@@ -79,7 +79,9 @@ def attend_rows(q_BxTxNxH: jax.Array, k_cache_CxSxKxH: jax.Array, v_cache_CxSxKx
     block_mask_BxTxT  query t sees new token j (None: j <= t)
     window            sliding window (0: none); an int or a traced int32 scalar
     scale, softcap, sinks_N  as blocks.attend_general (sinks: one logit per query head)
-    impl              "xla" (gather + mask) or "pallas" (in place; interpret mode off GPUs)
+    impl              "xla" (gathers all S slots of each row: a caller may pass the caches
+                      cut to a static bound >= every row's prefix + T) or "pallas" (in
+                      place, each row to its own length; interpret mode off GPUs)
     blocks            the kernel's tiles (default RaggedBlocks(); interpret off GPUs)
 
     The kernel needs S >= 16. It is made for T up to a few hundred (decoding, verifying,
@@ -232,7 +234,7 @@ def _attend_pallas(q, k_cache, v_cache, rows, prefix, q_positions, block_mask, w
     chunks = -(-t // chunk)
     m = t * g
     m_pad = _pow2(m)
-    block_q = min(m_pad, blocks.q)
+    block_q = min(m_pad, blocks.q, max(16, 8192 // h))  # H = 256: a [32, H] fp32 accumulator
     grid = (kh, b, m_pad // block_q)
     split = blocks.split or max(1, min(-(-blocks.programs // math.prod(grid)),
                                        s // (4 * block_k)))
