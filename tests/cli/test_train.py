@@ -501,3 +501,20 @@ def test_ctrl_c_during_start_up_exits_cleanly(a, tmp_path):
     _, err = p.communicate(timeout=60)
     # ended by SIGINT's default action (a shell reports 130), at once, without a traceback
     assert p.returncode == -signal.SIGINT and "Traceback" not in err, (p.returncode, err)
+
+
+def test_help_is_not_cut_at_80_columns_in_a_pipe():
+    """`eagle3kit train --help | less` (no terminal anywhere): whole lines of help, not
+    sentences broken at column 80; a terminal's width (COLUMNS here) is still used."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    p = subprocess.run([sys.executable, "-m", "eagle3kit", "train", "--help"], env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = [line.strip(" │") for line in p.stdout.splitlines()]
+    assert any(line.endswith("Target model: HF directory, .gguf file or Hub id.")
+               for line in lines), p.stdout  # an option's help, unbroken
+    assert "Each step runs the target (frozen) on packed rows of --seq-len tokens, captures " \
+           "three" in lines, p.stdout  # the docstring's own line, unbroken
+    narrow = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "60"})
+    assert max(map(len, narrow.output.splitlines())) <= 60, narrow.output
