@@ -335,3 +335,35 @@ def test_usage_errors_are_our_one_line(args, message, tmp_path, monkeypatch):
     r = runner.invoke(app, args)
     assert (r.exit_code, r.output) == (2, f"error: {message}\n"), r.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_thinking_needs_a_template_with_a_thinking_switch(tiny, tmp_path, monkeypatch):
+    """--thinking/--no-thinking on a template that ignores enable_thinking (SmolLM2's, Gemma's)
+    was silently accepted: each command that takes it refuses it in one line naming the
+    template and the option, before any model is loaded or anything written; Qwen3's
+    template, which has the switch, takes it (issue 24, item 11)."""
+    a, draft = tiny
+    monkeypatch.chdir(tmp_path)
+    Path("chats.jsonl").write_text(json.dumps({"id": "a", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n")
+    target = str(a / "target")
+    smollm2 = f"the chat template of {target} has no thinking switch (it ignores enable_thinking)"
+    cases = [
+        (["tokenize", "--tokenizer", target, "-i", "chats.jsonl", "-o", "t.jsonl", "--thinking"],
+         f"--thinking: {smollm2}; leave --thinking out"),
+        (["eval", "--target", target, "--draft", str(draft), "--prompts", "mt-bench",
+          "--no-thinking"], f"--no-thinking: {smollm2}; leave --no-thinking out"),
+        (["regenerate", "--target", target, "-i", "chats.jsonl", "-o", "r.jsonl", "--thinking"],
+         f"--thinking: {smollm2}; leave --thinking out"),
+        (["tokenize", "--tokenizer", target, "-i", "chats.jsonl", "-o", "t.jsonl",
+          "--chat-template", "gemma", "--no-thinking"], "--no-thinking: --chat-template gemma "
+         "has no thinking switch (it ignores enable_thinking); leave --no-thinking out"),
+    ]
+    for args, message in cases:
+        r = runner.invoke(app, args)
+        assert (r.exit_code, r.output) == (2, f"error: {message}\n"), args
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chats.jsonl"]
+    qwen3 = Path(__file__).parents[1] / "data" / "templates" / "qwen3-8b.jinja"
+    r = runner.invoke(app, ["tokenize", "--tokenizer", target, "-i", "chats.jsonl", "-o",
+                            "t.jsonl", "--chat-template", str(qwen3), "--no-thinking", "-j", "1"])
+    assert r.exit_code == 0 and Path("t.jsonl").stat().st_size > 0, r.output
