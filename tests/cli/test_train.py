@@ -518,3 +518,29 @@ def test_help_is_not_cut_at_80_columns_in_a_pipe():
            "three" in lines, p.stdout  # the docstring's own line, unbroken
     narrow = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "60"})
     assert max(map(len, narrow.output.splitlines())) <= 60, narrow.output
+
+
+def test_ctrl_c_stops_at_the_boundary_after_the_step_in_flight(a, tmp_path):
+    """Ctrl-C once step k is logged: step k+1 is in flight, and the checkpoint is step k+1;
+    no step is started after the signal (it was k+2: the flag was read only after the next
+    step was dispatched)."""
+    out = tmp_path / "run"
+    p = _train_process(a, out)
+    deadline = time.time() + 240
+    logged: list[int] = []
+    while time.time() < deadline and p.poll() is None and len(logged) < 3:
+        time.sleep(0.02)
+        if (out / "metrics.jsonl").exists():
+            logged = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text()
+                      .splitlines(keepends=True) if x.endswith("\n")]
+    p.send_signal(signal.SIGSTOP)  # frozen: what it has logged is what it did
+    text = (out / "metrics.jsonl").read_text()
+    k = max(json.loads(x)["step"] for x in text.splitlines(keepends=True) if x.endswith("\n"))
+    p.send_signal(signal.SIGINT)
+    p.send_signal(signal.SIGCONT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 75, err
+    stopped = int(re.search(r"stopped by SIGINT at step (\d+)/12", err).group(1))
+    assert k <= stopped <= k + 1 < 12, (k, err)
+    assert sorted(int(c.name[5:]) for c in (out / "checkpoints").glob("step_*"))[-1] == stopped
+    assert [r["step"] for r in rows(out) if not r.get("eval")] == list(range(1, stopped + 1))
