@@ -190,10 +190,10 @@ def test_conversations_that_cannot_be_answered_are_counted_not_fatal(target):
     assert [x.id for x in records(r.stdout_bytes)] == ["ok", "late"]
     assert len(records(r.stdout_bytes)[1].messages) == 2
     one = regenerate("--target", target, *COMMON, input=encode(ok))
-    assert "; 1 answer (" in one.output, one.output
+    assert "1 conversation read: 1 written; 1 answer (" in one.output, one.output
     assert "1 no user turn to answer" in r.output
     assert "1 prompt longer than --max-context" in r.output
-    assert "1 conversations end early" in r.output
+    assert "1 conversation ends early" in r.output
     # nothing useful at all: an error, and no empty file left behind
     r = regenerate("--target", target, *COMMON, input=encode(no_user))
     assert r.exit_code == 2 and "no conversation could be regenerated" in r.output

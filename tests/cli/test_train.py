@@ -251,6 +251,7 @@ def test_eval_data_and_metrics(a, tmp_path):
     r = invoke(base_args(a, again, "--max-steps", "1", "--init-from", str(out / "final"),
                          "--eval-data", str(a / "heldout.jsonl")))
     assert r.exit_code == 0, r.output
+    assert " x 1 epoch = " in r.output and "done: 1 step in " in r.output, r.output  # not "1 steps"
     first = json.loads((again / "metrics.jsonl").read_text().splitlines()[0])
     assert first["eval"] and first["step"] == 0
     assert first["acc"] == evals[1]["acc"] and first["tau"] == evals[1]["tau"]

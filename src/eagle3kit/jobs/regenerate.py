@@ -47,7 +47,7 @@ from eagle3kit.data.records import (
     read_chat_records,
 )
 from eagle3kit.decode import conversations as conv
-from eagle3kit.errors import InputError, MismatchError, UserError
+from eagle3kit.errors import InputError, MismatchError, UserError, plural
 from eagle3kit.jobs import common
 from eagle3kit.jobs.preempt import Preempted, Preemption
 
@@ -176,14 +176,15 @@ class Counts:
     def summary(self) -> str:
         drops = sum(self.dropped.values())
         early = sum(self.ended_early.values())
-        return (f"{self.read:,} conversations read"
+        return (f"{plural(self.read, 'conversation')} read"
                 + (f" ({self.samples} samples each)" if self.samples > 1 else "")
                 + f": {self.written:,} written"
                 + (f", {self.resumed:,} already in the output" if self.resumed else "")
                 + (f", {drops:,} dropped ({_reasons(self.dropped)})" if drops else "")
-                + f"; {self.turns:,} answer{'s' * (self.turns != 1)} ({self.new_tokens:,} tokens"
+                + f"; {plural(self.turns, 'answer')} ({plural(self.new_tokens, 'token')}"
                 + (f"; ended by {_reasons(self.finished)})" if self.turns else ")")
-                + (f"; {early:,} conversations end early ({_reasons(self.ended_early)})"
+                + (f"; {plural(early, 'conversation ends', 'conversations end')} early "
+                   f"({_reasons(self.ended_early)})"
                    if early else ""))
 
 

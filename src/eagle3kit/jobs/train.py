@@ -36,6 +36,7 @@ from eagle3kit.errors import (
     TimeLimitReached,
     TrainingDiverged,
     UserError,
+    plural,
 )
 from eagle3kit.io import checkpoints
 from eagle3kit.io.atomic import atomic_path
@@ -147,14 +148,15 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     _stop_if_asked(stop, "before training started; nothing to save")
     t_segment = time.time()  # wall time of earlier (resumed) segments is in elapsed_before
     read = len(docs) + docs.dropped
-    console.print(f"train {tcfg.name}: {read:,} records read, {len(docs):,} used "
-                  f"({docs.num_tokens:,} tokens; {docs.truncated:,} cut to --seq-len "
+    console.print(f"train {tcfg.name}: {plural(read, 'record')} read, {len(docs):,} used "
+                  f"({plural(docs.num_tokens, 'token')}; {docs.truncated:,} cut to --seq-len "
                   f"{cfg.seq_len})"
                   + (f", {docs.dropped:,} dropped (no assistant token in their first "
                      f"{cfg.seq_len} tokens)" if docs.dropped else "")
-                  + f"; {epoch_batches} steps/epoch x {cfg.epochs} epochs = {planned_steps} "
-                  f"steps{f' (stopping at {total_steps})' if total_steps < planned_steps else ''}"
-                  f"; mesh data={mesh.shape['data']},tensor={mesh.shape['tensor']} on "
+                  + f"; {plural(epoch_batches, 'step')}/epoch x {plural(cfg.epochs, 'epoch')} = "
+                  f"{plural(planned_steps, 'step')}"
+                  + (f" (stopping at {total_steps})" if total_steps < planned_steps else "")
+                  + f"; mesh data={mesh.shape['data']},tensor={mesh.shape['tensor']} on "
                   f"{jax.device_count()} {jax.devices()[0].device_kind}")
     log = (MetricsLog(out, cfg.track, cfg.to_json(), step) if jax.process_index() == 0
            else None)
@@ -293,7 +295,7 @@ def _finish(cfg: TrainConfig, out: Path, state, step: int, setup: _Setup, wall: 
         save_draft(final, Draft(setup.dcfg, state.params, setup.vocab, tcfg.name,
                                 setup.ckpt.hf_config, setup.fingerprints, training),
                    force=True)
-        console.print(f"done: {step} steps in {wall:.0f}s; draft written to {final}")
+        console.print(f"done: {plural(step, 'step')} in {wall:.0f}s; draft written to {final}")
     return final
 
 
