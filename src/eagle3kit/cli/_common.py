@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import signal
 import sys
@@ -15,9 +16,11 @@ import typer
 import typer.core
 from rich.console import Console
 from rich.text import Text
-from typer._click import exceptions as click_errors
 
 from eagle3kit.errors import InputError, UserError
+
+# the exceptions of the click Typer parses with (its own copy since Typer 0.2x, else click's)
+click_errors = importlib.import_module(typer.BadParameter.__module__)
 
 # Records go to stdout; everything for humans goes to stderr, so pipes stay clean. Markup and
 # emoji codes are off: messages carry user paths and file text (`[x].jsonl`, `FILE:-1:`), which
@@ -140,7 +143,7 @@ class _usage_errors:
 
     def __exit__(self, kind, e, tb):
         if not isinstance(e, click_errors.UsageError) or isinstance(
-                e, click_errors.NoArgsIsHelpError):
+                e, getattr(click_errors, "NoArgsIsHelpError", ())):  # that one is the help
             return False
         command = e.ctx.command_path if e.ctx is not None else self.command()
         console.print(styled("error:", "red", f" {usage_message(e)} (see {command} --help)"))
@@ -155,7 +158,7 @@ _NUMBER_ERRORS = {"int_parsing": "not an integer", "int_from_float": "not an int
                   "less_than_equal": "must be at most {le}", "less_than": "must be below {lt}"}
 
 
-def usage_message(e: click_errors.UsageError) -> str:
+def usage_message(e) -> str:
     """A usage error as our errors read: `--slots 'x': not an integer`,
     `--dtype 'foo': choose bfloat16, float32`, `missing option --target`."""
     if isinstance(e, click_errors.MissingParameter):
@@ -176,7 +179,7 @@ def usage_message(e: click_errors.UsageError) -> str:
     return _lower(e.format_message()).rstrip(".").replace(". Did you mean", "; did you mean")
 
 
-def _param_name(e: click_errors.BadParameter) -> str:
+def _param_name(e) -> str:
     """The option as users write it (`--dtype`), or the argument (`SOURCE`)."""
     hint = e.param_hint
     if hint is None and e.param is not None:
