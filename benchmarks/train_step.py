@@ -12,9 +12,10 @@ real segment structure; the step is the same jitted function `eagle3kit train` r
 FLOPs and MFU follow `eagle3kit.core.flops` (the convention of docs/benchmarks.md).
 
 "step ms" waits for each step before sending the next (the batch's transfer and the
-dispatch are in it); "piped" sends the next step before waiting for the last, as `eagle3kit
-train` does (it reports each step's metrics a step later), so the host's work overlaps the
-device's. Tokens/s, TFLOP/s and MFU are the step's; "piped tok/s" is the trainer's rate.
+dispatch are in it); "piped" is `eagle3kit train`'s loop: the next batch is sent while a step
+runs and the step is dispatched once the last one ended (one step in flight, so Ctrl-C or
+SIGTERM stops at the boundary after it), so only the dispatch is not overlapped with the
+device's work. Tokens/s, TFLOP/s and MFU are the step's; "piped tok/s" is the trainer's rate.
 """
 
 from __future__ import annotations
@@ -166,9 +167,10 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
             t0, previous = time.perf_counter(), None
             for _ in range(args.steps):  # the trainer's loop: one step in flight
-                state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays))
+                batch_dev = put_batch(trainer, arrays)  # while the last step runs
                 if previous is not None:
                     jax.block_until_ready(previous.loss)
+                state, m = trainer.train_step(state, target_w, va, batch_dev)
                 previous = m
             jax.block_until_ready(previous.loss)
             piped = (time.perf_counter() - t0) / args.steps

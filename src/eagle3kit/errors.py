@@ -14,6 +14,11 @@ def first_line(e: BaseException, default: str = "") -> str:
     return text.splitlines()[0] if text else default
 
 
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """`1 answer`, `2 answers`, `1,024 tokens`: a count and its noun, as user output says it."""
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
+
+
 class UserError(Exception):
     """An error caused by input, with a message that says what to do."""
 

@@ -280,3 +280,90 @@ def test_errors_name_the_file_and_the_place(tiny, tmp_path, monkeypatch):
         assert (r.exit_code, r.output.splitlines()[-1]) == (2, f"error: {message}"), args
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.jinja", "chats.jsonl",
                                                           "cut.jsonl"]
+
+
+# ---- the corpus of usage errors (issue 24, item 11): our one `error:` line, not Typer's box --
+
+N = ["--target", NEVER]
+BAD_USAGE = [  # (arguments, the line after `error: `), every command; nothing is loaded
+    (["trian"], "no such command 'trian'; did you mean 'train'? (see eagle3kit --help)"),
+    (["--bogus"], "no such option: --bogus (see eagle3kit --help)"),
+    (["mix"], "missing argument SOURCE[:WEIGHT]... (see eagle3kit mix --help)"),
+    (["mix", "a", "--format", "zz"], "--format 'zz'; choose one of auto, sharegpt, "
+     "perfectblend, openai, ultrachat (see eagle3kit mix --help)"),
+    (["mix", "a", "-n", "x"], "-n 'x': not an integer (see eagle3kit mix --help)"),
+    (["tokenize"], "missing option --tokenizer (see eagle3kit tokenize --help)"),
+    (["tokenize", "-t", NEVER, "--max-length", "-5"],
+     "--max-length '-5': must be at least 1 (see eagle3kit tokenize --help)"),
+    (["tokenize", "-t"], "option '-t' requires an argument (see eagle3kit tokenize --help)"),
+    (["vocab-select", "-o", "v", "--size", "1.5"],
+     "--size '1.5': not an integer (see eagle3kit vocab-select --help)"),
+    (["vocab-select", "-o", "v", "--bogus"],
+     "no such option: --bogus; did you mean --out? (see eagle3kit vocab-select --help)"),
+    (["regenerate", "-i", "x"], "missing option --target (see eagle3kit regenerate --help)"),
+    (["regenerate", *N, "--slots", "many"],
+     "--slots 'many': not an integer (see eagle3kit regenerate --help)"),
+    (["regenerate", *N, "--target-dtype", "fp8"],
+     "--target-dtype 'fp8': choose bfloat16, float32 (see eagle3kit regenerate --help)"),
+    (["train", *N, "--data", "d", "--vocab", "v"],
+     "missing option --out (see eagle3kit train --help)"),
+    (["train", *N, "--data", "d", "--vocab", "v", "--out", "o", "--decay", "abc"],
+     "--decay 'abc': not a number (see eagle3kit train --help)"),
+    (["train", *N, "--data", "d", "--vocab", "v", "--out", "o", "extra"],
+     "got unexpected extra argument(s) (extra) (see eagle3kit train --help)"),
+    (["eval", *N, "--draft", "d", "--dtype", "foo"],
+     "--dtype 'foo': choose bfloat16, float32 (see eagle3kit eval --help)"),
+    (["eval", *N, "--draft", "d", "--limit", "0"],
+     "--limit '0': must be at least 1 (see eagle3kit eval --help)"),
+    (["eval", *N, "--draft", "d", "--prompts", "p", "--json", "--samples", "-"],
+     "--samples: stdout carries the --json result; write samples to a file "
+     "(see eagle3kit eval --help)"),
+    (["convert", "--to", "sglang"], "missing argument SOURCE (see eagle3kit convert --help)"),
+    (["convert", "d", "--to", "gguf", "-o", "x"], "--to 'gguf'; choose one of sglang, "
+     "speculators, eagle3kit (see eagle3kit convert --help)"),
+    (["push", "d"], "missing option --repo-id (see eagle3kit push --help)"),
+    (["push", "d", "--repo-id", "o/x", "--privat"],
+     "no such option: --privat; did you mean --private? (see eagle3kit push --help)"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_USAGE, ids=[" ".join(a) for a, _ in BAD_USAGE])
+def test_usage_errors_are_our_one_line(args, message, tmp_path, monkeypatch):
+    """Typer's boxed usage panel beside our `error:` lines was two styles for one kind of
+    mistake: every usage error is one line in ours, with the command's --help, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, args)
+    assert (r.exit_code, r.output) == (2, f"error: {message}\n"), r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_thinking_needs_a_template_with_a_thinking_switch(tiny, tmp_path, monkeypatch):
+    """--thinking/--no-thinking on a template that ignores enable_thinking (SmolLM2's, Gemma's)
+    was silently accepted: each command that takes it refuses it in one line naming the
+    template and the option, before any model is loaded or anything written; Qwen3's
+    template, which has the switch, takes it (issue 24, item 11)."""
+    a, draft = tiny
+    monkeypatch.chdir(tmp_path)
+    Path("chats.jsonl").write_text(json.dumps({"id": "a", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n")
+    target = str(a / "target")
+    smollm2 = f"the chat template of {target} has no thinking switch (it ignores enable_thinking)"
+    cases = [
+        (["tokenize", "--tokenizer", target, "-i", "chats.jsonl", "-o", "t.jsonl", "--thinking"],
+         f"--thinking: {smollm2}; leave --thinking out"),
+        (["eval", "--target", target, "--draft", str(draft), "--prompts", "mt-bench",
+          "--no-thinking"], f"--no-thinking: {smollm2}; leave --no-thinking out"),
+        (["regenerate", "--target", target, "-i", "chats.jsonl", "-o", "r.jsonl", "--thinking"],
+         f"--thinking: {smollm2}; leave --thinking out"),
+        (["tokenize", "--tokenizer", target, "-i", "chats.jsonl", "-o", "t.jsonl",
+          "--chat-template", "gemma", "--no-thinking"], "--no-thinking: --chat-template gemma "
+         "has no thinking switch (it ignores enable_thinking); leave --no-thinking out"),
+    ]
+    for args, message in cases:
+        r = runner.invoke(app, args)
+        assert (r.exit_code, r.output) == (2, f"error: {message}\n"), args
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chats.jsonl"]
+    qwen3 = Path(__file__).parents[1] / "data" / "templates" / "qwen3-8b.jinja"
+    r = runner.invoke(app, ["tokenize", "--tokenizer", target, "-i", "chats.jsonl", "-o",
+                            "t.jsonl", "--chat-template", str(qwen3), "--no-thinking", "-j", "1"])
+    assert r.exit_code == 0 and Path("t.jsonl").stat().st_size > 0, r.output

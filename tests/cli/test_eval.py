@@ -64,6 +64,8 @@ def test_help_ends_with_a_runnable_example():
     r = invoke(["eval", "--help"])
     assert r.exit_code == 0
     assert "Example:" in r.stdout and "--prompts mt-bench" in r.stdout
+    dtype = r.stdout[r.stdout.index("--dtype"):r.stdout.index("--target-dtype")]
+    assert "drafting" in dtype and "training" not in dtype, dtype  # eval trains nothing
 
 
 def test_teacher_forced_from_a_file_and_from_stdin_in_any_draft_format(tiny, tmp_path):

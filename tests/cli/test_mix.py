@@ -115,7 +115,7 @@ def _bad_cases(tmp_path):
         "empty": ([empty], f"{empty}: no records"),
         "weight": ([f"{good}:0"], "weight must be a positive number"),
         "parquet": ([parquet], f"{parquet}: not a readable parquet file"),
-        "too small": ([good, "-n", 5], "only 1 usable records, but its share of -n 5 is 5"),
+        "too small": ([good, "-n", 5], "only 1 usable record, but its share of -n 5 is 5"),
     }
 
 
@@ -151,3 +151,12 @@ def test_bad_options(sharegpt):
 def test_help_ends_with_a_runnable_example():
     r = runner.invoke(app, ["mix", "--help"])
     assert r.exit_code == 0 and "Example:" in r.stdout and "eagle3kit mix sharegpt.json" in r.stdout
+
+
+def test_one_record_is_one_conversation(tmp_path):
+    """Counts of one read as one: `wrote 1 conversation`, not `1 conversations` (issue 24)."""
+    f = tmp_path / "one.jsonl"
+    f.write_text(json.dumps(ULTRACHAT[0]) + "\n")
+    r = mix(f)
+    assert r.exit_code == 0 and len(lines_of(r.stdout)) == 1, r.output
+    assert r.stderr.splitlines()[-1] == "wrote 1 conversation", r.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -189,10 +190,10 @@ def test_conversations_that_cannot_be_answered_are_counted_not_fatal(target):
     assert [x.id for x in records(r.stdout_bytes)] == ["ok", "late"]
     assert len(records(r.stdout_bytes)[1].messages) == 2
     one = regenerate("--target", target, *COMMON, input=encode(ok))
-    assert "; 1 answer (" in one.output, one.output
+    assert "1 conversation read: 1 written; 1 answer (" in one.output, one.output
     assert "1 no user turn to answer" in r.output
     assert "1 prompt longer than --max-context" in r.output
-    assert "1 conversations end early" in r.output
+    assert "1 conversation ends early" in r.output
     # nothing useful at all: an error, and no empty file left behind
     r = regenerate("--target", target, *COMMON, input=encode(no_user))
     assert r.exit_code == 2 and "no conversation could be regenerated" in r.output
@@ -555,3 +556,26 @@ def test_bad_sampling_and_repetition_options_get_one_line(target, chats, tmp_pat
         assert r.exit_code == 2 and words in r.output, (args, r.output)
         assert r.output.strip().startswith("error:") and len(r.output.strip().splitlines()) == 1
         assert not out.exists()
+
+
+def test_progress_lines_in_a_log(target, chats, reference, monkeypatch):
+    """stderr is a log (not a terminal), a line per update: none says `0 tokens` (the first
+    conversation here is dropped before any token exists), the counts only grow, and the last
+    conversation's line comes once, with every token the summary counts (it was printed
+    twice, the first one short)."""
+    from eagle3kit.jobs import regenerate as job
+
+    monkeypatch.setattr(job, "PROGRESS_SECONDS", 0.0)
+    unanswerable = ChatRecord(id="none", messages=[Message("assistant", "no user turn")])
+    r = regenerate("--target", target, *COMMON, input=encode(unanswerable) + chats.read_bytes())
+    assert r.exit_code == 0 and r.stdout_bytes == reference, r.output
+    lines = [x.split() for x in r.stderr.splitlines() if re.match(r"regenerate \d", x)]
+    assert lines[0][:2] == ["regenerate", "1/11"] and "tokens" not in lines[0], r.stderr
+    assert " 0 tokens" not in r.stderr, r.stderr
+    progress = [(int(x[1].split("/")[0]), int(x[2].replace(",", ""))) for x in lines[1:]]
+    assert progress == sorted(set(progress)), r.stderr  # growing, no line twice
+    done = [d for d, _ in progress]
+    assert done.count(done[-1]) == 1 and lines[-1][1] == "11/11", r.stderr
+    summary = r.stderr.splitlines()[-1]
+    assert f"; {progress[-1][1]:,} tokens " in summary, r.stderr
+    assert "eta" not in lines[-1], r.stderr  # nothing left to wait for

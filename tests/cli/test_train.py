@@ -251,6 +251,7 @@ def test_eval_data_and_metrics(a, tmp_path):
     r = invoke(base_args(a, again, "--max-steps", "1", "--init-from", str(out / "final"),
                          "--eval-data", str(a / "heldout.jsonl")))
     assert r.exit_code == 0, r.output
+    assert " x 1 epoch = " in r.output and "done: 1 step in " in r.output, r.output  # not "1 steps"
     first = json.loads((again / "metrics.jsonl").read_text().splitlines()[0])
     assert first["eval"] and first["step"] == 0
     assert first["acc"] == evals[1]["acc"] and first["tau"] == evals[1]["tau"]
@@ -503,3 +504,46 @@ def test_stop_signals_during_start_up_exit_cleanly(a, tmp_path):
     # ended by SIGINT's default action (a shell reports 130), at once, without a traceback
     assert "SIGINT received: stopping at" in err, err
     assert p.returncode == -signal.SIGINT and "Traceback" not in err, (p.returncode, err)
+
+
+def test_help_is_not_cut_at_80_columns_in_a_pipe():
+    """`eagle3kit train --help | less` (no terminal anywhere): whole lines of help, not
+    sentences broken at column 80; a terminal's width (COLUMNS here) is still used."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    p = subprocess.run([sys.executable, "-m", "eagle3kit", "train", "--help"], env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = [line.strip(" │") for line in p.stdout.splitlines()]
+    assert any(line.endswith("Target model: HF directory, .gguf file or Hub id.")
+               for line in lines), p.stdout  # an option's help, unbroken
+    assert "Each step runs the target (frozen) on packed rows of --seq-len tokens, captures " \
+           "three" in lines, p.stdout  # the docstring's own line, unbroken
+    narrow = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "60"})
+    assert max(map(len, narrow.output.splitlines())) <= 60, narrow.output
+
+
+def test_ctrl_c_stops_at_the_boundary_after_the_step_in_flight(a, tmp_path):
+    """Ctrl-C once step k is logged: step k+1 is in flight, and the checkpoint is step k+1;
+    no step is started after the signal (it was k+2: the flag was read only after the next
+    step was dispatched)."""
+    out = tmp_path / "run"
+    p = _train_process(a, out)
+    deadline = time.time() + 240
+    logged: list[int] = []
+    while time.time() < deadline and p.poll() is None and len(logged) < 3:
+        time.sleep(0.01)  # a step takes ~0.3 s: the stop below lands just after a step's line
+        if (out / "metrics.jsonl").exists():
+            logged = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text()
+                      .splitlines(keepends=True) if x.endswith("\n")]
+    p.send_signal(signal.SIGSTOP)  # frozen: what it has logged is what it did
+    text = (out / "metrics.jsonl").read_text()
+    k = max(json.loads(x)["step"] for x in text.splitlines(keepends=True) if x.endswith("\n"))
+    p.send_signal(signal.SIGINT)
+    p.send_signal(signal.SIGCONT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 75, err
+    stopped = int(re.search(r"stopped by SIGINT at step (\d+)/12", err).group(1))
+    assert k <= stopped <= k + 1 < 12, (k, err)
+    assert sorted(int(c.name[5:]) for c in (out / "checkpoints").glob("step_*"))[-1] == stopped
+    assert [r["step"] for r in rows(out) if not r.get("eval")] == list(range(1, stopped + 1))

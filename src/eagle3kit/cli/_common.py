@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import signal
 import sys
@@ -12,10 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.text import Text
 
 from eagle3kit.errors import InputError, UserError
+
+# the exceptions of the click Typer parses with (its own copy since Typer 0.2x, else click's)
+click_errors = importlib.import_module(typer.BadParameter.__module__)
 
 # Records go to stdout; everything for humans goes to stderr, so pipes stay clean. Markup and
 # emoji codes are off: messages carry user paths and file text (`[x].jsonl`, `FILE:-1:`), which
@@ -81,6 +86,114 @@ def _describe(e: BaseException) -> str:
     if isinstance(e, OSError) and e.filename:
         return f"{e.filename}: {e.strerror or e}"
     return str(e)
+
+
+# ---- the command line itself: usage errors in our style, help as wide as the screen --------
+
+HELP_WIDTH = 110  # --help's width with no terminal to measure (a pipe, a log): no 80 columns
+
+
+class Group(typer.core.TyperGroup):
+    """The app's command group (`typer.Typer(cls=Group)`): every usage error of every command
+    (a missing argument, an unknown option, a bad choice or number) is one `error:` line and
+    a pointer to --help, exit 2, as our own errors are, not Typer's boxed usage panel; and
+    --help is not wrapped at 80 columns when there is no terminal to measure."""
+
+    def main(self, *args, **kwargs):
+        from typer import rich_utils
+
+        width = rich_utils.MAX_WIDTH  # TERMINAL_WIDTH, if set, wins
+        if width is None and not os.environ.get("COLUMNS") and not _terminal():
+            rich_utils.MAX_WIDTH = HELP_WIDTH
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            rich_utils.MAX_WIDTH = width
+
+    def make_context(self, info_name, args, parent=None, **extra):  # the group's options
+        with _usage_errors(lambda: info_name):
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx):  # a subcommand's parsing, its callbacks, BadParameter raised inside
+        with _usage_errors(lambda: " ".join(filter(None, (ctx.command_path,
+                                                          ctx.invoked_subcommand)))):
+            return super().invoke(ctx)
+
+
+def _terminal() -> bool:
+    """Whether any standard stream is a terminal (rich measures the first it finds)."""
+    for fd in (0, 1, 2):
+        try:
+            os.get_terminal_size(fd)
+            return True
+        except OSError:
+            pass
+    return False
+
+
+class _usage_errors:
+    """A usage error inside: one line and exit 2. `command()`: the command's path, for the
+    --help pointer, where the error does not carry it (the parser's own errors)."""
+
+    def __init__(self, command: Callable[[], str | None]):
+        self.command = command
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if not isinstance(e, click_errors.UsageError) or isinstance(
+                e, getattr(click_errors, "NoArgsIsHelpError", ())):  # that one is the help
+            return False
+        command = e.ctx.command_path if e.ctx is not None else self.command()
+        console.print(styled("error:", "red", f" {usage_message(e)} (see {command} --help)"))
+        raise typer.Exit(2) from None
+
+
+# pydantic's words for a bad number (Typer coerces with pydantic), in ours
+_NUMBER_ERRORS = {"int_parsing": "not an integer", "int_from_float": "not an integer",
+                  "float_parsing": "not a number", "bool_parsing": "not true or false",
+                  "greater_than_equal": "must be at least {ge}",
+                  "greater_than": "must be greater than {gt}",
+                  "less_than_equal": "must be at most {le}", "less_than": "must be below {lt}"}
+
+
+def usage_message(e) -> str:
+    """A usage error as our errors read: `--slots 'x': not an integer`,
+    `--dtype 'foo': choose bfloat16, float32`, `missing option --target`."""
+    if isinstance(e, click_errors.MissingParameter):
+        kind = e.param_type or (e.param.param_type_name if e.param else "parameter")
+        return f"missing {kind} {_param_name(e)}".rstrip()
+    if isinstance(e, click_errors.BadParameter):
+        message = e.message
+        cause = e.__cause__
+        if cause is not None and hasattr(cause, "errors") and cause.errors():
+            first = cause.errors()[0]
+            known = _NUMBER_ERRORS.get(first.get("type", ""))
+            message = known.format(**first.get("ctx", {})) if known else _lower(message)
+            return f"{_param_name(e)} {first.get('input')!r}: {message}"
+        return f"{_param_name(e)} {message}" if message.startswith("'") else (
+            f"{_param_name(e)}: {message}")
+    if isinstance(e, click_errors.NoSuchOption) and e.possibilities:
+        return f"{_lower(e.message)}; did you mean {' or '.join(sorted(e.possibilities))}?"
+    return _lower(e.format_message()).rstrip(".").replace(". Did you mean", "; did you mean")
+
+
+def _param_name(e) -> str:
+    """The option as users write it (`--dtype`), or the argument (`SOURCE`)."""
+    hint = e.param_hint
+    if hint is None and e.param is not None:
+        opts = [o for o in e.param.opts if o.startswith("--")] or e.param.opts
+        hint = (opts[0] if e.param.param_type_name == "option"
+                else (e.param.metavar or e.param.name or "").upper())
+    if isinstance(hint, (list, tuple)):
+        hint = " / ".join(hint)
+    return str(hint or "")
+
+
+def _lower(text: str) -> str:
+    """`No such option` -> `no such option`; `SOURCE ...` and `'x' ...` as they are."""
+    return text[0].lower() + text[1:] if text[:2].istitle() else text
 
 
 def require_files(**options: str | os.PathLike | None) -> None:

@@ -5,7 +5,7 @@ Use as a parameter's type, with the default in the signature:
 
     def eval_cmd(target: Target, mesh: Mesh = None, dtype: Dtype = "bfloat16", ...)
 
-Choices are checked while the command line is parsed (exit 2, the usual usage line).
+Choices are checked while the command line is parsed (exit 2, one `error:` line: cli/_common.Group).
 """
 
 from __future__ import annotations

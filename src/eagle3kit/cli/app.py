@@ -7,6 +7,7 @@ import os
 import typer
 
 from eagle3kit import __version__
+from eagle3kit.cli._common import Group
 
 # transformers warns on import that "PyTorch was not found"; no command needs torch (GGUF
 # tokenizers are read without it), so the advice is noise on every tokenizer-loading command
@@ -14,6 +15,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 app = typer.Typer(
     name="eagle3kit",
+    cls=Group,  # our error lines for usage errors, help not cut at 80 columns in pipes
     help="Train EAGLE3 speculative-decoding draft heads in pure JAX.\n\n"
     "Pipeline: mix [| regenerate] | tokenize | vocab-select, then train, eval, convert, push.",
     no_args_is_help=True,

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from eagle3kit.cli._common import check_output, console, example, handle_errors, styled
-from eagle3kit.errors import InputError
+from eagle3kit.errors import InputError, plural
 
 EXAMPLE = """
 eagle3kit mix sharegpt.json:0.45 ultrachat.jsonl:0.35 perfectblend.parquet:0.2 \\
@@ -61,7 +61,7 @@ def mix(
 
     def progress(report) -> None:  # a live count on a terminal only
         if console.is_terminal:
-            status.update(f"reading {report.spec.name}: {report.read:,} records")
+            status.update(f"reading {report.spec.name}: {plural(report.read, 'record')}")
 
     stream, reports = run_mix(specs, n=n, seed=seed, fmt=fmt, allow_repeat=allow_repeat,
                               skip_invalid=skip_invalid, progress=progress)
@@ -88,7 +88,7 @@ def _report(reports, written: int) -> None:
         parts += [f"{k}: {v:,} skipped" for k, v in sorted(r.invalid.items())]
         console.print(styled(r.spec.name, "bold", f" (weight {r.spec.weight:g}): "
                              + ", ".join(parts)))
-    console.print(f"wrote {written:,} conversations")
+    console.print(f"wrote {plural(written, 'conversation')}")
 
 
 mix.__doc__ = (mix.__doc__ or "") + example(EXAMPLE)

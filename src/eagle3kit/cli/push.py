@@ -8,6 +8,7 @@ import typer
 
 from eagle3kit.cli._common import console, example, handle_errors, styled
 from eagle3kit.cli.convert import route_warnings
+from eagle3kit.errors import plural
 
 EXAMPLE = """
 eagle3kit push export/sglang --repo-id my-org/SmolLM2-Eagle3 \\
@@ -59,7 +60,7 @@ def push(
                               commit_message=commit_message)
     visibility = "private" if plan.private else "public"
     head = "dry run: would upload" if dry_run else "uploading"
-    console.print(f"{head} {len(plan.files)} files ({plan.total_bytes / 1e6:.1f} MB) to "
+    console.print(f"{head} {plural(len(plan.files), 'file')} ({plan.total_bytes / 1e6:.1f} MB) to "
                   f"{visibility} repo {plan.repo_id} @ {plan.revision} in one "
                   f"commit: {plan.commit_message!r}")
     for name, size in plan.files:

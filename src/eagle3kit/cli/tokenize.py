@@ -14,7 +14,7 @@ from eagle3kit.cli._common import (
     require_files,
 )
 from eagle3kit.cli._params import ChatTemplate
-from eagle3kit.errors import InputError
+from eagle3kit.errors import InputError, plural
 
 EXAMPLE = """
 eagle3kit mix sharegpt.json -n 1000 \\
@@ -76,7 +76,7 @@ def tokenize(
     fp = tokenizer_fingerprint(tok, tokenizer_name(tokenizer), renderer.template)
     jobs = jobs or default_jobs()
     console.print(f"tokenizer {fp.name} ({fp.vocab_size:,} tokens, fingerprint {fp.key}), "
-                  f"{jobs} job{'s' * (jobs > 1)}")
+                  f"{plural(jobs, 'job')}")
     job = Job(tok, fp.key, display_name(input), max_length, template, thinking)
     report = TokenizeReport()
     start = time.perf_counter()
@@ -118,8 +118,8 @@ PROGRESS_SECONDS = 30.0
 
 def _report(r, seconds: float) -> None:
     rate = r.records / seconds if seconds > 0 else 0.0
-    console.print(f"{r.written:,} of {r.records:,} conversations written "
-                  f"({rate:,.0f}/s), {r.tokens:,} tokens, {r.masked:,} masked "
+    console.print(f"{r.written:,} of {plural(r.records, 'conversation')} written "
+                  f"({rate:,.0f}/s), {plural(r.tokens, 'token')}, {r.masked:,} masked "
                   f"({r.masked / max(r.tokens, 1):.1%}); {r.truncated:,} truncated")
     for reason, count in sorted(r.dropped.items()):
         console.print(f"  dropped {count:,}: {reason}")

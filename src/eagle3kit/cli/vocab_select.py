@@ -14,7 +14,7 @@ from eagle3kit.cli._common import (
     require_files,
     styled,
 )
-from eagle3kit.errors import UserError
+from eagle3kit.errors import UserError, plural
 
 EXAMPLE = """
 eagle3kit tokenize --tokenizer HuggingFaceTB/SmolLM2-135M-Instruct -i mixed.jsonl \\
@@ -62,7 +62,7 @@ def vocab_select(
         fingerprint = Fingerprint(name="", vocab_size=vocab_size, digest=digest)
     chosen = select(counts, size)
     write_vocab(out, chosen.vocab, chosen.metadata(fingerprint))
-    console.print(f"{counts.records:,} records, {chosen.masked:,} masked tokens, "
+    console.print(f"{plural(counts.records, 'record')}, {plural(chosen.masked, 'masked token')}, "
                   f"{int((counts.counts > 0).sum()):,} distinct")
     if chosen.filled:
         console.print(styled("warning:", "yellow", f" only {size - chosen.filled:,} distinct "

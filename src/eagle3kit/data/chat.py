@@ -96,6 +96,24 @@ class Renderer:
         except Exception as e:  # jinja2 TemplateError, raise_exception(...) of the template
             raise RenderError("the chat template refuses it", str(e)) from None
 
+    def has_thinking_switch(self) -> bool:
+        """Whether the template reads `enable_thinking` (Qwen3's does; SmolLM2's, Llama's,
+        Gemma's do not): a generation prompt or an answered turn renders differently with it
+        on and off."""
+        probes = [([{"role": "user", "content": "hi"}], True),
+                  ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}],
+                   False)]
+        for messages, prompt in probes:
+            try:
+                on, off = (self.tokenizer.apply_chat_template(
+                    messages, chat_template=self.template, tokenize=False,
+                    add_generation_prompt=prompt, enable_thinking=mode) for mode in (True, False))
+            except Exception as e:  # as `text`: the template's own errors
+                raise RenderError("the chat template refuses it", str(e)) from None
+            if on != off:
+                return True
+        return False
+
     def _generation_prompt(self) -> str | None:
         """The text `add_generation_prompt` appends after a user turn, or None when the
         template adds none (Mistral-style)."""

@@ -27,7 +27,7 @@ import msgspec
 
 from eagle3kit.data.records import ChatRecord, display_name
 from eagle3kit.data.sources import Reader, RecordError, SourceSpec, drop_reason, normalise
-from eagle3kit.errors import InputError
+from eagle3kit.errors import InputError, plural
 
 
 @dataclasses.dataclass
@@ -155,7 +155,7 @@ def mix(specs: Sequence[SourceSpec], *, n: int | None, seed: int = 0, fmt: str =
             if seen < quota:
                 if not allow_repeat:
                     raise InputError(
-                        f"only {seen:,} usable records, but its share of -n {n:,} is "
+                        f"only {plural(seen, 'usable record')}, but its share of -n {n:,} is "
                         f"{quota:,}; lower -n or this weight, or pass --allow-repeat",
                         path=display_name(spec.location))
                 report.repeated = quota - seen

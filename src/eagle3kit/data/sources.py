@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit.data.records import ChatRecord, Message, display_name, open_input
-from eagle3kit.errors import InputError, first_line
+from eagle3kit.errors import InputError, first_line, plural
 
 FORMATS = ("auto", "sharegpt", "perfectblend", "openai", "ultrachat")
 SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -189,7 +189,7 @@ class Reader:
                             self.notes.append(
                                 f"{path}: the last {tail:,} bytes (from line {line}) are an "
                                 f"incomplete record, skipped; the file looks cut off. "
-                                f"{number:,} complete records read")
+                                f"{plural(number, 'complete record')} read")
                             return
                         raise InputError(f"record {number + 1}: malformed JSON "
                                          f"({_json_why(e)})", path=path, line=line) from None

@@ -22,7 +22,7 @@ from typing import Any
 
 from eagle3kit.data.chat import Renderer, RenderError
 from eagle3kit.data.records import TokenRecord, decode_chat, encode
-from eagle3kit.errors import InputError
+from eagle3kit.errors import InputError, UserError
 
 BATCH = 32  # lines per task: enough to amortise the inter-process hop
 
@@ -158,17 +158,26 @@ def make_renderer(tokenizer: Any, chat_template: str | None, thinking: bool | No
     """The renderer of the --chat-template `chat_template` (a file or a known name), else of
     `tokenizer`'s own template (a tokenizer without one, a base model, is refused naming the
     option); a template's errors name its file (a Jinja syntax error shows only when
-    rendering)."""
+    rendering). --thinking/--no-thinking (`thinking` not None) on a template without a
+    thinking switch is refused, not silently ignored."""
     from eagle3kit.data.tokenizer import chat_template_for, load_chat_template
 
     template = load_chat_template(chat_template) if chat_template else None
     template = chat_template_for(tokenizer, template, target)
     try:
-        return Renderer(tokenizer, chat_template=template, thinking=thinking)
+        renderer = Renderer(tokenizer, chat_template=template, thinking=thinking)
+        switch = thinking is None or renderer.has_thinking_switch()
     except RenderError as e:
         if chat_template:
             raise InputError(str(e), path=chat_template) from None
         raise
+    if not switch:
+        whose = (f"--chat-template {chat_template}" if chat_template
+                 else f"the chat template of {target or 'the tokenizer'}")
+        option = "--thinking" if thinking else "--no-thinking"
+        raise UserError(f"{option}: {whose} has no thinking switch (it ignores "
+                        f"enable_thinking); leave {option} out")
+    return renderer
 
 
 def default_jobs() -> int:

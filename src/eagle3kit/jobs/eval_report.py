@@ -7,6 +7,8 @@ from typing import Any
 
 from rich.table import Table
 
+from eagle3kit.errors import plural
+
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
@@ -35,7 +37,7 @@ def print_report(console, r: dict[str, Any]) -> None:
         lines.append(f"tau (generation, tokens per target forward): {r['tau_generate']:.3f} "
                      f"pooled over {r['verify_steps']:,} verify steps, "
                      f"{r['tau_per_request_mean']:.3f} mean of "
-                     f"{r['prompts']} prompts")
+                     f"{plural(r['prompts'], 'prompt')}")
         lines.append(f"speculative {r['tokens_per_s_speculative']:,.1f} tok/s vs plain "
                      f"{r['tokens_per_s_baseline']:,.1f} tok/s: {r['speedup']:.2f}x"
                      f" on {r['device']} (temperature {r['temperature']:g}, "

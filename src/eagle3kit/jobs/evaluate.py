@@ -32,7 +32,8 @@ from eagle3kit.data.fingerprint import Fingerprint
 from eagle3kit.data.packing import TokenDocs
 from eagle3kit.data.prompts import PromptSet, load_prompts
 from eagle3kit.data.records import GenerationSample, TokenRecord, display_name, encode
-from eagle3kit.data.tokenizer import chat_template_for, load_chat_template
+from eagle3kit.data.tokenizer import load_chat_template
+from eagle3kit.data.tokenizing import make_renderer
 from eagle3kit.decode.conversations import Dialogue, Turn
 from eagle3kit.decode.runner import Decoder, acceptance_summary, bucket
 from eagle3kit.decode.speculative import DecodeConfig
@@ -132,10 +133,9 @@ def check_shape(cfg: EvalConfig, steps_from: str = "") -> None:
 
 
 def prompt_renderer(tokenizer: Any, cfg: EvalConfig) -> Renderer:
-    """Renders prompts with --chat-template or the tokenizer's own, in the --thinking mode."""
-    template = load_chat_template(cfg.chat_template) if cfg.chat_template else None
-    return Renderer(tokenizer, chat_template=chat_template_for(tokenizer, template, cfg.target),
-                    thinking=cfg.thinking)
+    """Renders prompts with --chat-template or the tokenizer's own, in the --thinking mode
+    (refused on a template without a thinking switch)."""
+    return make_renderer(tokenizer, cfg.chat_template, cfg.thinking, cfg.target)
 
 
 def decode_config(cfg: EvalConfig) -> DecodeConfig:
@@ -154,6 +154,8 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     check_config(cfg)
     generate = cfg.resolved_mode == "generate"
     tokenizer, key = common.target_tokenizer(cfg.target, required=generate)
+    if generate:
+        prompt_renderer(tokenizer, cfg)  # the template and --thinking, before any loading
     ckpt = resolve_target(cfg.target)
     tcfg = ckpt.config
     draft = common.load_draft_for_target(cfg.draft, cfg.target, ckpt, key)

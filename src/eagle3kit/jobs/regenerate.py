@@ -47,7 +47,7 @@ from eagle3kit.data.records import (
     read_chat_records,
 )
 from eagle3kit.decode import conversations as conv
-from eagle3kit.errors import InputError, MismatchError, UserError
+from eagle3kit.errors import InputError, MismatchError, UserError, plural
 from eagle3kit.jobs import common
 from eagle3kit.jobs.preempt import Preempted, Preemption
 
@@ -176,14 +176,15 @@ class Counts:
     def summary(self) -> str:
         drops = sum(self.dropped.values())
         early = sum(self.ended_early.values())
-        return (f"{self.read:,} conversations read"
+        return (f"{plural(self.read, 'conversation')} read"
                 + (f" ({self.samples} samples each)" if self.samples > 1 else "")
                 + f": {self.written:,} written"
                 + (f", {self.resumed:,} already in the output" if self.resumed else "")
                 + (f", {drops:,} dropped ({_reasons(self.dropped)})" if drops else "")
-                + f"; {self.turns:,} answer{'s' * (self.turns != 1)} ({self.new_tokens:,} tokens"
+                + f"; {plural(self.turns, 'answer')} ({plural(self.new_tokens, 'token')}"
                 + (f"; ended by {_reasons(self.finished)})" if self.turns else ")")
-                + (f"; {early:,} conversations end early ({_reasons(self.ended_early)})"
+                + (f"; {plural(early, 'conversation ends', 'conversations end')} early "
+                   f"({_reasons(self.ended_early)})"
                    if early else ""))
 
 
@@ -463,14 +464,20 @@ def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int], stop: Pree
         runner.progress.tokens(engine.generated_tokens)
 
 
+PROGRESS_SECONDS = 30.0  # in logs, a progress line at most this often (and the last one)
+
+
 class Progress:
     """Conversations done, generated tokens/s and ETA, through the shared progress display
-    (jobs/progress.py: a live bar on a terminal, a plain line every `every_s` otherwise)."""
+    (jobs/progress.py: a live bar on a terminal, a plain line every PROGRESS_SECONDS
+    otherwise). No token count until the first token (the bar says "compiling" until there
+    is something to show), and the last conversation's line once, with every token counted."""
 
-    def __init__(self, console, total: int, every_s: float = 30.0):
+    def __init__(self, console, total: int):
         from eagle3kit.jobs.progress import Progress as Display
 
-        self.display = Display(console, "regenerate", total, every=None, seconds=every_s)
+        self.display = Display(console, "regenerate", total, every=None,
+                               seconds=PROGRESS_SECONDS)
         self.total, self.t0 = total, time.monotonic()
         self.done, self.generated = 0, 0
 
@@ -487,16 +494,22 @@ class Progress:
 
     def advance(self, counts: Counts) -> None:
         self.done += 1
+        # the answers' tokens: every generated token once the last conversation is done
+        self.generated = max(self.generated, counts.new_tokens)
         self._update()
 
     def tokens(self, generated: int) -> None:
+        if generated == self.generated or self.done == self.total:
+            return  # nothing new; the last conversation's line is already out
         self.generated = generated
         self._update()
 
     def _update(self) -> None:
         rate = self.done / max(time.monotonic() - self.t0, 1e-9)
-        eta = f"  eta {(self.total - self.done) / rate / 60:,.1f} min" if self.done else ""
-        self.display.update(self.done, info=self.info() + eta)
+        eta = (f"  eta {(self.total - self.done) / rate / 60:,.1f} min"
+               if 0 < self.done < self.total else "")
+        tokens = self.info() if self.generated else ""  # no "0 tokens" before the first
+        self.display.update(self.done, info=(tokens + eta).strip())
 
 
 def run(cfg: RegenerateConfig, console) -> Counts:

@@ -36,6 +36,7 @@ from eagle3kit.errors import (
     TimeLimitReached,
     TrainingDiverged,
     UserError,
+    plural,
 )
 from eagle3kit.io import checkpoints
 from eagle3kit.io.atomic import atomic_path
@@ -147,14 +148,15 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     _stop_if_asked(stop, "before training started; nothing to save")
     t_segment = time.time()  # wall time of earlier (resumed) segments is in elapsed_before
     read = len(docs) + docs.dropped
-    console.print(f"train {tcfg.name}: {read:,} records read, {len(docs):,} used "
-                  f"({docs.num_tokens:,} tokens; {docs.truncated:,} cut to --seq-len "
+    console.print(f"train {tcfg.name}: {plural(read, 'record')} read, {len(docs):,} used "
+                  f"({plural(docs.num_tokens, 'token')}; {docs.truncated:,} cut to --seq-len "
                   f"{cfg.seq_len})"
                   + (f", {docs.dropped:,} dropped (no assistant token in their first "
                      f"{cfg.seq_len} tokens)" if docs.dropped else "")
-                  + f"; {epoch_batches} steps/epoch x {cfg.epochs} epochs = {planned_steps} "
-                  f"steps{f' (stopping at {total_steps})' if total_steps < planned_steps else ''}"
-                  f"; mesh data={mesh.shape['data']},tensor={mesh.shape['tensor']} on "
+                  + f"; {plural(epoch_batches, 'step')}/epoch x {plural(cfg.epochs, 'epoch')} = "
+                  f"{plural(planned_steps, 'step')}"
+                  + (f" (stopping at {total_steps})" if total_steps < planned_steps else "")
+                  + f"; mesh data={mesh.shape['data']},tensor={mesh.shape['tensor']} on "
                   f"{jax.device_count()} {jax.devices()[0].device_kind}")
     log = (MetricsLog(out, cfg.track, cfg.to_json(), step) if jax.process_index() == 0
            else None)
@@ -174,6 +176,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
             last_saved = step
 
     eval_docs = setup.eval_docs
+    first = step  # the flags are read at the boundaries after it (before it: _stop_if_asked)
     try:
         with progress:
             if eval_docs is not None and step == 0:  # the starting point, for comparison
@@ -184,29 +187,13 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
                     arrays = packed.batch(position * rows, rows)
                     arrays = {k: v.reshape(cfg.grad_accum, -1, cfg.seq_len)
                               for k, v in arrays.items()}
-                    batch = put_batch(trainer, arrays)
-                    if cfg.profile_steps and step == cfg.profile_steps[0]:
-                        jax.profiler.start_trace(str(out / "profile"))
-                        tracing = True
-                    state, metrics = _step(trainer, state, target_w, vocab_dev, batch, cfg)
-                    step, position = step + 1, position + 1
-                    if tracing and step == cfg.profile_steps[1]:
-                        jax.block_until_ready(metrics.loss)
-                        jax.profiler.stop_trace()
-                        tracing = False
-                    if pending is not None:
-                        _report(pending, log, progress)
-                    pending = (step, epoch, metrics, time.time())  # reported a step later
-                    if step % cfg.save_every == 0 or step == total_steps:
-                        checkpoint()
-                    if eval_docs is not None and (step % cfg.eval_every == 0
-                                                  or step == total_steps):
-                        _evaluate(trainer, state, target_w, vocab_dev, eval_docs, cfg, step,
-                                  log, progress)
+                    batch = put_batch(trainer, arrays)  # while the step in flight runs
+                    if pending is not None:  # one step in flight: a signal stops the run at
+                        jax.block_until_ready(pending[2])  # the boundary after it, no later
                     # across hosts the flags are agreed by a collective, which waits for the
                     # step in flight: every --log-every steps (each step with --time-limit)
-                    if step < total_steps and (jax.process_count() == 1 or cfg.time_limit
-                                               or step % cfg.log_every == 0):
+                    if step > first and (jax.process_count() == 1 or cfg.time_limit
+                                         or step % cfg.log_every == 0):
                         late = bool(cfg.time_limit and time.time() - t_start > cfg.time_limit)
                         reason = common.agree_max(2 * stop.requested + late)
                         if reason:
@@ -216,6 +203,24 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
                             err = Preempted if reason >= 2 else TimeLimitReached
                             raise err(f"{why} at step {step}/{total_steps}; checkpoint "
                                       "saved, continue with --resume")
+                    if cfg.profile_steps and step == cfg.profile_steps[0]:
+                        jax.profiler.start_trace(str(out / "profile"))
+                        tracing = True
+                    state, metrics = _step(trainer, state, target_w, vocab_dev, batch, cfg)
+                    step, position = step + 1, position + 1
+                    if tracing and step == cfg.profile_steps[1]:
+                        jax.block_until_ready(metrics.loss)
+                        jax.profiler.stop_trace()
+                        tracing = False
+                    if pending is not None:  # the previous step's, while this one runs
+                        _report(pending, log, progress)
+                    pending = (step, epoch, metrics, time.time())  # reported a step later
+                    if step % cfg.save_every == 0 or step == total_steps:
+                        checkpoint()
+                    if eval_docs is not None and (step % cfg.eval_every == 0
+                                                  or step == total_steps):
+                        _evaluate(trainer, state, target_w, vocab_dev, eval_docs, cfg, step,
+                                  log, progress)
                 if position >= epoch_batches:
                     epoch, position = epoch + 1, 0
             if pending is not None:
@@ -290,7 +295,7 @@ def _finish(cfg: TrainConfig, out: Path, state, step: int, setup: _Setup, wall: 
         save_draft(final, Draft(setup.dcfg, state.params, setup.vocab, tcfg.name,
                                 setup.ckpt.hf_config, setup.fingerprints, training),
                    force=True)
-        console.print(f"done: {step} steps in {wall:.0f}s; draft written to {final}")
+        console.print(f"done: {plural(step, 'step')} in {wall:.0f}s; draft written to {final}")
     return final
 
 
