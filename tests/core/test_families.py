@@ -119,23 +119,26 @@ def test_mxfp4_experts_dequantise_as_transformers_does(tmp_path):
 
 
 def test_cached_decoding_keeps_windows_and_sinks(tmp_path):
-    """forward_cached (keys from a cache, positions from the cache slots) equals the full
-    forward on gpt-oss, whose windows (8) are shorter than the 20 tokens."""
+    """forward_rows (keys from a cache row, positions from the slots) equals the full forward
+    on gpt-oss, whose windows (8) are shorter than the 20 tokens."""
     assets.tiny_hf_model("gpt_oss", tmp_path)
     ckpt = resolve_target(tmp_path)
     cfg = ckpt.config
     w = load_target(ckpt, make_mesh("data=1", jax.devices()[:1]), jnp.float32)
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (1, 20)))
     full = jax.jit(lambda w, t: target.forward(w, cfg, t).hidden_BxTxD)(w, tokens)
+    layers = target.unstack(w, cfg)
 
-    @jax.jit
-    def cached(w, tokens, start, cache):
-        out, cache = target.forward_cached(w, cfg, tokens, start, cache)
+    @functools.partial(jax.jit, static_argnums=3)
+    def cached(tokens, start, cache, prefill):
+        positions = start + jnp.arange(tokens.shape[1])[None]
+        out, cache = target.forward_rows(layers, cfg, tokens, positions, cache,
+                                         prefill=prefill, window=32)
         return out.hidden_BxTxD, cache
 
-    cache = target.KVCache.zeros(cfg, 1, 32, jnp.float32)
-    hidden1, cache = cached(w, tokens[:, :12], jnp.int32(0), cache)
-    hidden2, cache = cached(w, tokens[:, 12:], jnp.int32(12), cache)
+    cache = target.RowCache.zeros(cfg, 1, 32, jnp.float32)
+    hidden1, cache = cached(tokens[:, :12], jnp.int32(0), cache, True)
+    hidden2, cache = cached(tokens[:, 12:], jnp.int32(12), cache, False)
     assert_close(np.concatenate([hidden1, hidden2], axis=1), full, "cached hidden")
 
 

@@ -269,6 +269,7 @@ def _attend(cfg: TargetConfig, q, k_all, v_all, mask, sinks, attn_impl: str = "x
                           cfg.attn_softcap, sinks)
 
 
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TargetOutput:
     hidden_BxTxD: jax.Array  # final-normed hidden state (input of the lm head)
