@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -332,8 +333,9 @@ class Engine:
         dtype = self.w.embed.dtype
         cache_spec = NamedSharding(mesh, spec_for(("batch", None, "act_heads", None)))
         row_spec = NamedSharding(mesh, spec_for(("batch", None, None, None)))  # the draft's
-        self.cache_bytes = cache_bytes(tcfg, cfg.rows, cfg.max_context, dtype)
-        _check_memory(self.cache_bytes, mesh, cfg)
+        self.memory = memory_estimate(tcfg, cfg, dtype, spec)
+        self.cache_bytes = self.memory["cache"]
+        check_memory(self.memory, mesh)
         layers = [cache_spec] * tcfg.num_layers
         draft_dtype = spec and spec.draft_w.fc.dtype
         with use_mesh(mesh):
@@ -517,20 +519,59 @@ class Engine:
         return [by_handle[r.handle] for r in requests]
 
 
-def cache_bytes(tcfg: TargetConfig, rows: int, max_context: int, dtype: Any) -> int:
-    """The target KV cache of `rows` x `max_context` slots."""
-    return 2 * tcfg.num_layers * rows * max_context * tcfg.num_kv_heads * tcfg.head_dim * \
-        jnp.dtype(dtype).itemsize
+class OutOfMemory(ResourceError):
+    """The engine's caches and a device step's temporaries do not fit the free memory (the
+    pre-flight estimate): the job says which of its options to lower (jobs/common)."""
 
 
-def _check_memory(cache_bytes: int, mesh: Mesh, cfg: EngineConfig) -> None:
-    """Refuses a cache that cannot fit, before allocating it (GPU/TPU report their limit)."""
+def memory_estimate(tcfg: TargetConfig, cfg: EngineConfig, dtype: Any,
+                    spec: Speculation | None = None) -> dict[str, int]:
+    """Bytes over all devices: the target and draft caches, and the largest temporaries of a
+    device step at the full window (measured on XLA's programs: every layer's window of keys
+    and values copied out of the cache is live at once, plus one layer's scores and the fp32
+    logits with their softmax and sort) and of a prefill piece (its scores and activations).
+    Cheap: arithmetic only, no compilation."""
+    c, s, item = cfg.rows, cfg.max_context, jnp.dtype(dtype).itemsize
+    t = spec.dec.verified if spec else 1
+    kv = 2 * tcfg.num_kv_heads * tcfg.head_dim * item  # one slot's keys and values, one layer
+    cache = tcfg.num_layers * c * s * kv
+    if spec is not None:
+        cache += c * s * 2 * spec.dcfg.num_kv_heads * spec.dcfg.head_dim * \
+            jnp.dtype(spec.draft_w.fc.dtype).itemsize
+    step = (tcfg.num_layers * c * s * kv + c * t * tcfg.num_heads * s * 4
+            + 3 * c * t * tcfg.vocab_size * 4)
+    p, piece = max(1, c // 16), min(cfg.prefill_chunk, s)
+    prefill = (p * piece * tcfg.num_heads * s * 4 + 4 * p * piece * tcfg.intermediate_size
+               * item + p * tcfg.vocab_size * 4)
+    return {"cache": cache, "temporaries": max(step, prefill)}
+
+
+def free_bytes(mesh: Mesh) -> int | None:
+    """Free memory of one device: what it reports, capped by EAGLE3KIT_DEVICE_MEMORY (bytes,
+    or with a K/M/G/T suffix: plan as if each device had that much, e.g. to leave room for
+    another process). None where neither says (CPU)."""
     stats = mesh.devices.flat[0].memory_stats() or {}
-    limit = stats.get("bytes_limit")
-    per_device = cache_bytes / mesh.devices.size
-    if limit and per_device > 0.9 * (limit - stats.get("bytes_in_use", 0)):
-        raise ResourceError(
-            f"the KV cache of {cfg.rows} rows x {cfg.max_context} positions needs "
-            f"{per_device / 2**30:.1f} GiB per device, more than is free "
-            f"({(limit - stats.get('bytes_in_use', 0)) / 2**30:.1f} GiB); lower --slots or "
-            "--max-context")
+    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0) if "bytes_limit" in stats \
+        else None
+    given = os.environ.get("EAGLE3KIT_DEVICE_MEMORY", "").strip().upper().removesuffix("B")
+    if given:
+        units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+        try:
+            cap = int(float(given[:-1]) * units[given[-1]]) if given[-1] in units \
+                else int(given)
+        except ValueError:
+            raise ResourceError(f"EAGLE3KIT_DEVICE_MEMORY={given!r}: expected bytes, e.g. "
+                                "24G") from None
+        free = cap if free is None else min(free, cap)
+    return free
+
+
+def check_memory(need: dict[str, int], mesh: Mesh) -> None:
+    """Refuses caches and step temporaries that cannot fit, before allocating anything."""
+    free = free_bytes(mesh)
+    per_device = sum(need.values()) / mesh.devices.size
+    if free is not None and per_device > 0.9 * free:
+        gib = {k: v / mesh.devices.size / 2**30 for k, v in need.items()}
+        raise OutOfMemory(f"the KV cache ({gib['cache']:.2f} GiB) and a step's temporaries "
+                          f"({gib['temporaries']:.2f} GiB) need {per_device / 2**30:.2f} GiB "
+                          f"per device, more than the {free / 2**30:.2f} GiB free")
