@@ -190,8 +190,9 @@ def test_batched_generation_rows_match_the_full_forward(family, tmp_path):
 
     @functools.partial(jax.jit, static_argnames="prefill")
     def rows(w, tok, pos, cache, prefill=False):
-        return target.forward_rows(w, cfg, tok, pos, cache, prefill=prefill,
-                                   window=None if prefill else 24)
+        out, cache = target.forward_rows(w, cfg, tok, pos, cache, prefill=prefill,
+                                         window=None if prefill else 24)
+        return out.hidden_BxTxD, cache
 
     cache = target.RowCache.zeros(cfg, 2, 32, jnp.float32)
     w = target.unstack(w, cfg)

@@ -26,7 +26,7 @@ from eagle3kit.errors import UserError
 
 # chains K = 3, 5, 7 and SGLang-style trees S/k/N
 DEFAULT_SWEEP = "3;5;7;3/4/8;5/4/8;5/8/16"
-SPEC_SYNC = 8  # verify steps per device program (each emits 1..K+1 tokens)
+SPEC_SYNC = 8  # verify steps per device program (each emits 1..K+1 tokens), batch > 1
 PLAIN_SYNC = 32  # plain decode steps per device program
 
 
@@ -98,8 +98,10 @@ class Setup:
     def engine(self, rows: int, slots: int, dec: DecodeConfig | None) -> Engine:
         """Speculative with drafting shape `dec`, or plain with None."""
         temperature = self.draft.dec.temperature
+        # one row waits for nobody: its programs run until it finishes (fewer host syncs)
+        sync = PLAIN_SYNC if dec is None or rows == 1 else SPEC_SYNC
         return Engine(self.tcfg, self.target_w, self.mesh, self.stops, EngineConfig(
-            rows=rows, max_context=slots, sync_every=SPEC_SYNC if dec else PLAIN_SYNC,
+            rows=rows, max_context=slots, sync_every=sync,
             sampling=Sampling(temperature), seed=self.seed),
             dataclasses.replace(self.draft, dec=dec) if dec else None)
 
