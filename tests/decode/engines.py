@@ -13,10 +13,11 @@ def slots_for(prompt_len: int, dec: DecodeConfig) -> int:
 
 
 def speculative(tcfg, target_w, dcfg, draft_w, vocab, dec: DecodeConfig, stops, mesh, *,
-                rows: int = 1, max_context: int = 256, sync_every: int = 8) -> Engine:
+                rows: int = 1, max_context: int = 256, sync_every: int = 8,
+                prefill_chunk: int = 512) -> Engine:
     return Engine(tcfg, target_w, mesh, list(stops),
                   EngineConfig(rows=rows, max_context=max_context, sync_every=sync_every,
-                               sampling=Sampling(dec.temperature)),
+                               prefill_chunk=prefill_chunk, sampling=Sampling(dec.temperature)),
                   Speculation(dcfg, draft_w, vocab, dec))
 
 

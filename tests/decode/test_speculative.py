@@ -110,28 +110,9 @@ def test_the_bonus_after_a_fully_accepted_chain_follows_the_target():
     assert chi_square_p_value([(x[:, 2], p[2])]) > P_MIN
 
 
-# ---- the decoder on a tiny random target --------------------------------------------------------
-
-
-def test_greedy_stops_at_a_stop_token_and_at_max_new_tokens(tiny):
-    tcfg, tw, dcfg, w, vocab, mesh = tiny
-    prompt = [int(x) for x in np.random.default_rng(5).integers(0, 96, 11)]
-    dec = DecodeConfig(steps=3, max_new_tokens=24)
-    plain = engines.one(engines.plain(tcfg, tw, dec, [], mesh), prompt, 24).tokens
-    free = engines.speculative(tcfg, tw, dcfg, w, vocab, dec, [], mesh)
-    assert len(plain) == 24 and engines.one(free, prompt, 24).tokens == plain
-    stop_at = next(i for i in range(3, 24) if plain[i] not in plain[:i])
-    stopping = engines.speculative(tcfg, tw, dcfg, w, vocab, dec, [plain[stop_at]], mesh)
-    before = stopping.device_steps
-    spec = engines.one(stopping, prompt, 24)
-    assert spec.tokens == plain[: stop_at + 1] and spec.finish_reason == "stop"
-    assert engines.one(engines.plain(tcfg, tw, dec, [plain[stop_at]], mesh), prompt,
-                       24).tokens == plain[: stop_at + 1]
-    # every verify step emits accepted + 1 tokens after the prefill's first one
-    assert sum(a + 1 for a in spec.accept_lengths) >= stop_at
-    s = acceptance_summary([spec.accept_lengths], dec.steps)
-    assert s["verify_steps"] == len(spec.accept_lengths) == stopping.device_steps - before
-    assert s["tau_generate"] == pytest.approx(1 + np.mean(spec.accept_lengths), abs=1e-6)
+# ---- the engine on a tiny random target ---------------------------------------------------------
+# (stop tokens and limits, one row or many: test_engine_speculative.py; tau's bookkeeping:
+# test_tau_is_reported_pooled_and_per_request_with_the_bonus_token and the eval CLI tests)
 
 
 def test_sampling_through_the_decoder_follows_the_target(tiny):
@@ -144,7 +125,7 @@ def test_sampling_through_the_decoder_follows_the_target(tiny):
     prompt = np.random.default_rng(6).integers(0, 96, 9).astype(np.int32)
     dec = DecodeConfig(steps=3, max_new_tokens=2, temperature=temperature)
     engine = engines.speculative(tcfg, tw, dcfg, w, vocab, dec, [], mesh, rows=1024,
-                                 max_context=128, sync_every=1)
+                                 max_context=128, sync_every=1, prefill_chunk=16)
     done = engine.generate([Request(j, prompt.tolist(), 2, seed=j) for j in range(n)])
     tokens = np.asarray([c.tokens for c in done])
 
