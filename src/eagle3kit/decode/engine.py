@@ -44,6 +44,7 @@ import collections
 import dataclasses
 import functools
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,7 +60,7 @@ from eagle3kit.decode import draft_cache, speculative
 from eagle3kit.decode.repetition import Detector, Repetition
 from eagle3kit.decode.sampling import Sampling, is_stop, request_keys, sample
 from eagle3kit.decode.speculative import Speculation
-from eagle3kit.errors import ResourceError
+from eagle3kit.errors import ResourceError, UserError
 
 MIN_PREFILL = 128  # shortest prefill bucket (tokens), unless prefill_chunk is shorter
 MIN_WINDOW = 128  # shortest attention window (positions)
@@ -332,7 +333,7 @@ class Engine:
         self.programs: set[tuple] = set()  # compiled shapes, for reporting
         dtype = self.w.embed.dtype
         cache_spec = NamedSharding(mesh, spec_for(("batch", None, "act_heads", None)))
-        row_spec = NamedSharding(mesh, spec_for(("batch", None, None, None)))  # the draft's
+        draft_spec = NamedSharding(mesh, spec_for(("batch", None, None, None)))
         self.memory = memory_estimate(tcfg, cfg, dtype, spec)
         self.cache_bytes = self.memory["cache"]
         check_memory(self.memory, mesh)
@@ -351,7 +352,7 @@ class Engine:
             self.dcache = None if spec is None else jax.jit(
                 lambda: draft_cache.DraftKV.zeros(spec.dcfg, cfg.rows, cfg.max_context,
                                                   draft_dtype),
-                out_shardings=draft_cache.DraftKV(row_spec, row_spec))()
+                out_shardings=draft_cache.DraftKV(draft_spec, draft_spec))()
         self._prefill, self._step = _programs(
             tcfg, cfg.sampling, spec and (spec.dcfg, spec.dec), data)
         self._repeats = cfg.repetition and Detector(cfg.repetition, cfg.rows)
@@ -553,15 +554,13 @@ def free_bytes(mesh: Mesh) -> int | None:
     stats = mesh.devices.flat[0].memory_stats() or {}
     free = stats["bytes_limit"] - stats.get("bytes_in_use", 0) if "bytes_limit" in stats \
         else None
-    given = os.environ.get("EAGLE3KIT_DEVICE_MEMORY", "").strip().upper().removesuffix("B")
+    given = os.environ.get("EAGLE3KIT_DEVICE_MEMORY", "").strip()
     if given:
-        units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-        try:
-            cap = int(float(given[:-1]) * units[given[-1]]) if given[-1] in units \
-                else int(given)
-        except ValueError:
-            raise ResourceError(f"EAGLE3KIT_DEVICE_MEMORY={given!r}: expected bytes, e.g. "
-                                "24G") from None
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", given.upper())
+        if not m:
+            raise UserError(f"EAGLE3KIT_DEVICE_MEMORY={given!r}: expected bytes, e.g. 24G "
+                                "or 24GiB")
+        cap = int(float(m[1]) * 1024 ** " KMGT".index(m[2] or " "))
         free = cap if free is None else min(free, cap)
     return free
 
