@@ -3,7 +3,8 @@
 For every shape in --steps (K: a chain of K draft tokens; S/k/N: SGLang's tree of depth S,
 top-k expansion, N tokens verified with the root, as `eval --steps S --topk k --draft-tokens
 N`), decodes every turn of the prompt set twice in one process: with the draft and plainly,
-both as one device program per prompt, timed after compilation (`eagle3kit.decode`). Prints a
+both by the one engine with one row (`eagle3kit.decode.engine`, as `eval --prompts`), each
+answer timed on its own after a pass that compiles. Prints a
 Markdown table: tau (tokens per target forward, pooled over verify steps and as the mean of
 per-request taus, both with the bonus token), tokens/s of both, the speedup, how many greedy
 answers were identical, compile time and peak device memory. `--draft random` measures the
@@ -39,6 +40,7 @@ import numpy as np
 from rich.console import Console
 
 from eagle3kit.core import draft as draft_lib
+from eagle3kit.core import target
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.sharding import init_weights
@@ -47,7 +49,7 @@ from eagle3kit.core.vocab import VocabMap
 from eagle3kit.data.fingerprint import tokenizer_fingerprint
 from eagle3kit.data.prompts import load_prompts
 from eagle3kit.data.tokenizer import load_tokenizer
-from eagle3kit.decode.runner import Decoder
+from eagle3kit.decode.speculative import Speculation
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import load_target, resolve_target
 from eagle3kit.jobs import common, eval_batched
@@ -113,7 +115,7 @@ def main() -> None:
              if args.draft == "random" else
              load_draft_for_target(args.draft, args.target, ckpt, key))
     mesh = generation_mesh(args.mesh)
-    target_w = load_target(ckpt, mesh, DTYPES[args.target_dtype])
+    target_w = target.unstack_in_place(load_target(ckpt, mesh, DTYPES[args.target_dtype]), tcfg)
     vocab = VocabArrays.from_map(common.fit_vocab_to_target(draft.vocab, tcfg.vocab_size,
                                                             args.draft))
     weights = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), draft.weights)
@@ -123,16 +125,17 @@ def main() -> None:
     console.print(f"loaded in {time.perf_counter() - t0:.1f}s; {prompts.num_turns} turns of "
                   f"{prompts.name} on {jax.device_count()} x {jax.devices()[0].device_kind}")
 
-    rows, decoders, answered = [], [], []
+    rows, setups, answered = [], [], []
     for shape in args.steps.split(","):
         k, topk, nodes = parse_shape(shape)
         cfg = EvalConfig(target=args.target, draft=args.draft, prompts=args.prompts, steps=k,
                          topk=topk, draft_tokens=nodes, max_new_tokens=args.max_new_tokens,
                          temperature=args.temperature, target_dtype=args.target_dtype)
         dec = decode_config(cfg)
-        decoder = Decoder(tcfg, draft.config, target_w, draft_w, vocab, dec, stops, mesh)
-        summary, samples = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
-        decoders.append(decoder)
+        setup = eval_batched.Setup(tcfg, target_w, mesh, stops,
+                                   Speculation(draft.config, draft_w, vocab, dec))
+        summary, samples = generate_samples(setup, prompts, tokenizer, cfg, console)
+        setups.append(setup)
         answered = answered or [s.prompt_ids for s in samples]
         rows.append({"shape": shape, "steps": k, "topk": topk, "draft_tokens": dec.nodes,
                      **summary, "peak_memory_gb": peak_memory_gb()})
@@ -156,14 +159,14 @@ def main() -> None:
         for r in rows:
             print(json.dumps(r))
     if args.concurrency:
-        batched(decoders, answered, args, console)
+        batched(setups, answered, args, console)
 
 
-def batched(decoders, prompt_ids, args, console) -> None:
+def batched(setups, prompt_ids, args, console) -> None:
     """Every shape at every batch size of --concurrency: a table and the winners."""
-    out = eval_batched.measure(decoders[0], prompt_ids,
+    out = eval_batched.measure(setups[0], prompt_ids,
                                eval_batched.parse_concurrency(args.concurrency),
-                               [d.dec for d in decoders], 0, console)
+                               [s.draft.dec for s in setups], console)
     print(f"\nbatched, continuous refill, {len(prompt_ids)} prompts, "
           f"{jax.devices()[0].device_kind}\n")
     print("| batch | shape | tau pooled | tau per request | spec tok/s | plain tok/s | speedup "

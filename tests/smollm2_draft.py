@@ -2,9 +2,9 @@
 
 Data: the target's own greedy answers to the first MT-bench questions (self-distillation, the
 way SpecForge regenerates data) and a real ShareGPT conversation, rendered with the real chat
-template. The answers come from a plain host loop over `core.target.forward_cached`, one
-token per call: an implementation of greedy decoding independent of `eagle3kit.decode`, and
-the reference the speculative decoder is checked against.
+template. The answers come from a plain host loop over `core.target.forward_rows` on one
+cache row, one token per call: an implementation of greedy decoding independent of
+`eagle3kit.decode`, and the reference the decoding engine is checked against.
 
 Training: the TTT loss the trainer uses (`core.ttt.rollout`), with AdamW. The target is
 frozen, so its signals are computed once instead of every step as `Trainer` does: same loss,
@@ -68,31 +68,35 @@ def smollm2() -> Smollm2:
     ckpt = resolve_target(assets.smollm2_gguf())
     mesh = make_mesh("data=1,tensor=1", jax.devices()[:1])
     tok = assets.smollm2_tokenizer()
-    return Smollm2(ckpt, ckpt.config, load_target(ckpt, mesh, jnp.float32), mesh, tok,
+    # per-layer arrays (the engine's layout; forward and the TTT signals take them too)
+    weights = target_model.unstack_in_place(load_target(ckpt, mesh, jnp.float32), ckpt.config)
+    return Smollm2(ckpt, ckpt.config, weights, mesh, tok,
                    tokenizer_fingerprint(tok, str(assets.smollm2_gguf())).key)
 
 
 def greedy_reference(t: Smollm2, prompt: list[int], max_new: int) -> list[int]:
     """Plain greedy decoding, one host round trip per token (until <|im_end|> or max_new)."""
-    cache = target_model.KVCache.zeros(t.cfg, 1, 256, jnp.float32)
+    cache = target_model.RowCache.zeros(t.cfg, 1, 256, jnp.float32)
     step = _step_fn(t.cfg)
     padded = np.zeros((1, 128), np.int32)
     padded[0, : len(prompt)] = prompt
-    logits, cache = step(t.weights, jnp.asarray(padded), jnp.int32(0), cache)
+    logits, cache = step(t.weights, jnp.asarray(padded), jnp.int32(0), cache, True)
     out = [int(np.argmax(logits[0, len(prompt) - 1]))]
     while len(out) < max_new and out[-1] != EOS:
         logits, cache = step(t.weights, jnp.asarray([[out[-1]]], jnp.int32),
-                             jnp.int32(len(prompt) + len(out) - 1), cache)
+                             jnp.int32(len(prompt) + len(out) - 1), cache, False)
         out.append(int(np.argmax(logits[0, 0])))
     return out
 
 
 @functools.cache
 def _step_fn(cfg: TargetConfig):
-    def step(w, tokens, start, cache):
-        out, cache = target_model.forward_cached(w, cfg, tokens, start, cache)
+    def step(w, tokens, start, cache, prefill):
+        positions = start + jnp.arange(tokens.shape[1])[None]
+        out, cache = target_model.forward_rows(w, cfg, tokens, positions, cache,
+                                               prefill=prefill)
         return target_model.logits(w, out.hidden_BxTxD), cache
-    return jax.jit(step)
+    return jax.jit(step, static_argnums=4)
 
 
 @dataclasses.dataclass

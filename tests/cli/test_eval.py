@@ -488,3 +488,18 @@ def test_concurrency_and_sweep_mistakes(tiny, args, message):
     a, draft = tiny
     r = invoke(gen_args(a, draft, "mt-bench", *args))
     assert r.exit_code == 2 and message in r.output
+
+
+def test_generation_that_does_not_fit_the_device_exits_4_naming_what_to_lower(tiny, tmp_path):
+    """The engine's pre-flight estimate against free memory capped by EAGLE3KIT_DEVICE_MEMORY
+    (CPUs report none): one line, exit 4, the options to lower, no samples written."""
+    a, draft = tiny
+    samples = tmp_path / "samples.jsonl"
+    r = runner.invoke(app, [str(x) for x in gen_args(a, draft, "mt-bench", "--limit", 1,
+                                                     "--samples", samples)],
+                      env={"COLUMNS": "250", "EAGLE3KIT_DEVICE_MEMORY": "64K"})
+    assert r.exit_code == 4, r.output
+    line = r.output.strip().splitlines()[-1]
+    assert line.startswith("error: out of device memory for --max-new-tokens 12: the KV cache")
+    assert "lower --max-new-tokens" in line
+    assert not samples.exists()

@@ -579,3 +579,25 @@ def test_progress_lines_in_a_log(target, chats, reference, monkeypatch):
     summary = r.stderr.splitlines()[-1]
     assert f"; {progress[-1][1]:,} tokens " in summary, r.stderr
     assert "eta" not in lines[-1], r.stderr  # nothing left to wait for
+
+
+def test_a_cache_and_step_that_do_not_fit_the_device_exit_4_naming_what_to_lower(
+        target, chats, tmp_path):
+    """The engine's pre-flight estimate (KV cache and a step's temporaries) against the
+    free memory, here capped by EAGLE3KIT_DEVICE_MEMORY (CPUs report none): one line, exit 4,
+    the flags to lower, no output file. 4 slots x 256 positions of the tiny target need
+    about 0.4 MiB of cache; 512 slots x 256 do not fit 8 MiB, 4 slots do."""
+    out = tmp_path / "x.jsonl"
+    args = ["--target", target, "-i", chats, "-o", out, "--limit", "1", "--max-new-tokens",
+            "4", "--max-context", "256", "--target-dtype", "float32", "--mesh",
+            "data=1,tensor=1"]
+    r = runner.invoke(app, ["regenerate", *map(str, args), "--slots", "512"],
+                      env={"COLUMNS": "250", "EAGLE3KIT_DEVICE_MEMORY": "8M"})
+    assert r.exit_code == 4, r.output
+    line = r.output.strip()
+    assert line.startswith("error: out of device memory for --slots 512 x --max-context 256")
+    assert "lower --slots or --max-context" in line and len(line.splitlines()) == 1
+    assert not out.exists()
+    r = runner.invoke(app, ["regenerate", *map(str, args), "--slots", "4"],
+                      env={"COLUMNS": "250", "EAGLE3KIT_DEVICE_MEMORY": "8M"})
+    assert r.exit_code == 0, r.output

@@ -119,23 +119,26 @@ def test_mxfp4_experts_dequantise_as_transformers_does(tmp_path):
 
 
 def test_cached_decoding_keeps_windows_and_sinks(tmp_path):
-    """forward_cached (keys from a cache, positions from the cache slots) equals the full
-    forward on gpt-oss, whose windows (8) are shorter than the 20 tokens."""
+    """forward_rows (keys from a cache row, positions from the slots) equals the full forward
+    on gpt-oss, whose windows (8) are shorter than the 20 tokens."""
     assets.tiny_hf_model("gpt_oss", tmp_path)
     ckpt = resolve_target(tmp_path)
     cfg = ckpt.config
     w = load_target(ckpt, make_mesh("data=1", jax.devices()[:1]), jnp.float32)
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (1, 20)))
     full = jax.jit(lambda w, t: target.forward(w, cfg, t).hidden_BxTxD)(w, tokens)
+    layers = target.unstack(w, cfg)
 
-    @jax.jit
-    def cached(w, tokens, start, cache):
-        out, cache = target.forward_cached(w, cfg, tokens, start, cache)
+    @functools.partial(jax.jit, static_argnums=3)
+    def cached(tokens, start, cache, prefill):
+        positions = start + jnp.arange(tokens.shape[1])[None]
+        out, cache = target.forward_rows(layers, cfg, tokens, positions, cache,
+                                         prefill=prefill, window=32)
         return out.hidden_BxTxD, cache
 
-    cache = target.KVCache.zeros(cfg, 1, 32, jnp.float32)
-    hidden1, cache = cached(w, tokens[:, :12], jnp.int32(0), cache)
-    hidden2, cache = cached(w, tokens[:, 12:], jnp.int32(12), cache)
+    cache = target.RowCache.zeros(cfg, 1, 32, jnp.float32)
+    hidden1, cache = cached(tokens[:, :12], jnp.int32(0), cache, True)
+    hidden2, cache = cached(tokens[:, 12:], jnp.int32(12), cache, False)
     assert_close(np.concatenate([hidden1, hidden2], axis=1), full, "cached hidden")
 
 
@@ -187,8 +190,9 @@ def test_batched_generation_rows_match_the_full_forward(family, tmp_path):
 
     @functools.partial(jax.jit, static_argnames="prefill")
     def rows(w, tok, pos, cache, prefill=False):
-        return target.forward_rows(w, cfg, tok, pos, cache, prefill=prefill,
-                                   window=None if prefill else 24)
+        out, cache = target.forward_rows(w, cfg, tok, pos, cache, prefill=prefill,
+                                         window=None if prefill else 24)
+        return out.hidden_BxTxD, cache
 
     cache = target.RowCache.zeros(cfg, 2, 32, jnp.float32)
     w = target.unstack(w, cfg)
@@ -216,3 +220,47 @@ def test_expert_parallel_step_moves_only_activations(tmp_path):
                      r"collective-permute)(?:-start)?\(", hlo)
     assert ops and {op for _, op in ops} == {"all-reduce"}, ops
     assert {shape for shape, _ in ops} == {"f32[1,64,64]{2,1,0}"}, ops
+
+
+def test_a_verified_tree_matches_the_full_forward_along_each_path(tmp_path):
+    """forward_rows verifying a draft tree (the engine's verify: node t's keys at slot n + t,
+    its RoPE position n + depth, its block mask its ancestors) on gpt-oss, whose windows (8)
+    are shorter than the prompt and the tree's depth: every node's hidden state equals the
+    full forward of its own root-to-node path, so windows are measured in positions, not
+    slots."""
+    assets.tiny_hf_model("gpt_oss", tmp_path)
+    ckpt = resolve_target(tmp_path)
+    cfg = ckpt.config
+    w = load_target(ckpt, make_mesh("data=1", jax.devices()[:1]), jnp.float32)
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, cfg.vocab_size, 12).tolist()
+    # four children of the root, then a chain of nine under the last: node 13 (depth 10, slot
+    # n + 13) is 9 positions from its ancestor node 4 (depth 1, slot n + 4), outside the
+    # window, but only 6 if a new key's slot were taken for its position
+    parent = [0, 0, 0, 0, 0, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    nodes = rng.integers(0, cfg.vocab_size, len(parent)).tolist()
+    paths = []
+    for t in range(len(parent)):
+        path = [t]
+        while path[-1]:
+            path.append(parent[path[-1]])
+        paths.append(path[::-1])
+    depth = [len(p) - 1 for p in paths]
+    ancestors = np.asarray([[u in p for u in range(len(parent))] for p in paths])
+    layers = target.unstack(w, cfg)
+    cache = target.RowCache.zeros(cfg, 1, 32, jnp.float32)
+
+    @functools.partial(jax.jit, static_argnums=5)
+    def rows(tokens, positions, cache, prefix, block, prefill):
+        out, cache = target.forward_rows(layers, cfg, tokens, positions, cache, prefix_B=prefix,
+                                         block_mask_BxTxT=block, prefill=prefill, window=32)
+        return out.hidden_BxTxD, cache
+
+    _, cache = rows(jnp.asarray([prompt]), jnp.arange(12)[None], cache, jnp.asarray([0]), None,
+                    True)
+    got, _ = rows(jnp.asarray([nodes]), 12 + jnp.asarray([depth]), cache, jnp.asarray([12]),
+                  jnp.asarray(ancestors)[None], False)
+    full = jax.jit(lambda t: target.forward(w, cfg, t).hidden_BxTxD)
+    for t, path in enumerate(paths):
+        want = full(jnp.asarray([prompt + [nodes[u] for u in path]]))[0, -1]
+        assert_close(got[0, t], want, f"tree node {t} (depth {depth[t]})")

@@ -1,14 +1,12 @@
-"""Speculative decoding: the acceptance rules on their own, and the decoder on a tiny target,
-with a random draft (nothing accepted) and with a draft trained to get tokens accepted
-(tests/decode/accepting.py: every accepted length occurs, checked against a cache-free
-reference).
+"""Speculative decoding: the acceptance rules on their own, and the engine with one row (batch
+1) on a tiny target, with a random draft (nothing accepted) and with a draft trained to get
+tokens accepted (tests/decode/accepting.py: every accepted length occurs, checked against a
+cache-free reference).
 
 The greedy losslessness on the real SmolLM2 is in test_smollm2.py.
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -18,16 +16,12 @@ import scipy.stats
 from jax.sharding import NamedSharding, PartitionSpec
 
 from eagle3kit.core import target
-from eagle3kit.decode.runner import Decoder, acceptance_summary, bucket
-from eagle3kit.decode.speculative import (
-    DecodeConfig,
-    accept_greedy,
-    accept_sampled,
-    speculative_generate,
-)
+from eagle3kit.decode.acceptance import acceptance_summary
+from eagle3kit.decode.engine import Request
+from eagle3kit.decode.speculative import DecodeConfig, accept_greedy, accept_sampled
 from eagle3kit.io.hf import load_target, resolve_target
 from eagle3kit.jobs.evaluate import generation_mesh
-from tests.decode import accepting
+from tests.decode import accepting, engines
 
 # ---- the rules --------------------------------------------------------------------------------
 
@@ -116,44 +110,24 @@ def test_the_bonus_after_a_fully_accepted_chain_follows_the_target():
     assert chi_square_p_value([(x[:, 2], p[2])]) > P_MIN
 
 
-# ---- the decoder on a tiny random target --------------------------------------------------------
-
-
-def test_greedy_stops_at_a_stop_token_and_at_max_new_tokens(tiny):
-    tcfg, tw, dcfg, w, vocab, mesh = tiny
-    prompt = [int(x) for x in np.random.default_rng(5).integers(0, 96, 11)]
-    dec = DecodeConfig(steps=3, max_new_tokens=24)
-    free = Decoder(tcfg, dcfg, tw, w, vocab, dec, [], mesh)
-    plain = free.plain(prompt).generated_ids
-    assert len(plain) == 24 and free.speculative(prompt).generated_ids == plain
-    stop_at = next(i for i in range(3, 24) if plain[i] not in plain[:i])
-    stopping = Decoder(tcfg, dcfg, tw, w, vocab, dec, [plain[stop_at]], mesh)
-    spec = stopping.speculative(prompt)
-    assert spec.generated_ids == plain[: stop_at + 1]
-    assert stopping.plain(prompt).generated_ids == plain[: stop_at + 1]
-    # every verify step emits accepted + 1 tokens after the prefill's first one
-    assert sum(a + 1 for a in spec.accept_lengths) >= stop_at
-    s = acceptance_summary([spec.accept_lengths], dec.steps)
-    assert s["verify_steps"] == len(spec.accept_lengths) == spec.forwards
-    assert s["tau_generate"] == pytest.approx(1 + np.mean(spec.accept_lengths), abs=1e-6)
+# ---- the engine on a tiny random target ---------------------------------------------------------
+# (stop tokens and limits, one row or many: test_engine_speculative.py; tau's bookkeeping:
+# test_tau_is_reported_pooled_and_per_request_with_the_bonus_token and the eval CLI tests)
 
 
 def test_sampling_through_the_decoder_follows_the_target(tiny):
     """The second generated token comes out of the first verify step (draft chain, q, the
-    rule); over many seeds its distribution is the target's p(x2 | prompt, x1) averaged over
-    x1 ~ p(x1 | prompt), computed exactly with one batched forward."""
+    rule); over many requests (each its own stream) its distribution is the target's
+    p(x2 | prompt, x1) averaged over x1 ~ p(x1 | prompt), computed exactly with one batched
+    forward."""
     tcfg, tw, dcfg, w, vocab, mesh = tiny
-
-
     temperature, n = 0.5, 3000
     prompt = np.random.default_rng(6).integers(0, 96, 9).astype(np.int32)
-    padded = np.zeros(bucket(len(prompt)), np.int32)
-    padded[: len(prompt)] = prompt
     dec = DecodeConfig(steps=3, max_new_tokens=2, temperature=temperature)
-    gen = functools.partial(speculative_generate, tcfg=tcfg, dcfg=dcfg, dec=dec, cache_len=128)
-    run = jax.jit(jax.vmap(lambda key: gen(tw, w, vocab, jnp.asarray(padded), jnp.int32(9),
-                                           jnp.int32(2), jnp.asarray([-1]), key).tokens[9:11]))
-    tokens = np.asarray(run(jax.random.split(jax.random.key(1), n)))
+    engine = engines.speculative(tcfg, tw, dcfg, w, vocab, dec, [], mesh, rows=1024,
+                                 max_context=128, sync_every=1, prefill_chunk=16)
+    done = engine.generate([Request(j, prompt.tolist(), 2, seed=j) for j in range(n)])
+    tokens = np.asarray([c.tokens for c in done])
 
     def probs(seq):
         out = target.forward(tw, tcfg, jnp.asarray(seq))
@@ -164,7 +138,7 @@ def test_sampling_through_the_decoder_follows_the_target(tiny):
     p2 = p1 @ probs(np.c_[np.tile(prompt, (96, 1)), np.arange(96)])  # sum_x1 p(x1) p(x2|x1)
     # the tiny target's p is nearly flat over 96 x 96 pairs: too few samples per pair for a
     # joint test, so each token's marginal gets its own (the second one is what the
-    # decoder's draft chain and rule produce)
+    # engine's draft chain and rule produce)
     assert chi_square_p_value([(tokens[:, 0], p1)]) > P_MIN
     assert chi_square_p_value([(tokens[:, 1], p2)]) > P_MIN
 
@@ -172,19 +146,21 @@ def test_sampling_through_the_decoder_follows_the_target(tiny):
 # ---- the decoder with a draft that gets tokens accepted -------------------------------------
 
 
-def _accepting_run(acc, decoder_for):
-    """Each prompt decoded speculatively: the greedy tokens, and the accepted counts of every
-    verify step equal to the reference's (so their histogram too); plain decoding agrees."""
+def _accepting_run(acc, engine_for):
+    """Each prompt decoded speculatively, one row: the greedy tokens, and the accepted counts
+    of every verify step equal to the reference's (so their histogram too); plain decoding
+    agrees. `engine_for(dec, plain)` makes the engine."""
     dec = DecodeConfig(steps=accepting.K, max_new_tokens=accepting.NEW)
-    decoder = decoder_for(dec)
+    engine = engine_for(dec, False)
     histogram = np.zeros(accepting.K + 1, np.int64)
     for prompt, answer, expected in zip(acc.prompts, acc.greedy, acc.accept_lengths,
                                         strict=True):
-        got = decoder.speculative(prompt)
-        assert got.generated_ids == answer[: accepting.NEW]
+        got = engines.one(engine, prompt, accepting.NEW)
+        assert got.tokens == answer[: accepting.NEW]
         assert got.accept_lengths == expected
         np.add.at(histogram, expected, 1)
-    assert decoder.plain(acc.prompts[0]).generated_ids == acc.greedy[0][: accepting.NEW]
+    assert engines.one(engine_for(dec, True), acc.prompts[0], accepting.NEW).tokens == \
+        acc.greedy[0][: accepting.NEW]
     # every length occurs, full chains included: commit, extend and the next chain's
     # starting column are exercised after every kind of verify step
     assert (histogram > 0).all(), histogram
@@ -193,8 +169,10 @@ def _accepting_run(acc, decoder_for):
 
 def test_greedy_with_accepted_drafts_is_lossless_and_accepts_as_the_reference(accepting_draft):
     acc = accepting_draft
-    _accepting_run(acc, lambda dec: Decoder(acc.tcfg, acc.dcfg, acc.target_w, acc.draft_w,
-                                            acc.vocab, dec, [], acc.mesh))
+    _accepting_run(acc, lambda dec, plain: engines.plain(acc.tcfg, acc.target_w, dec, [],
+                                                         acc.mesh) if plain else
+                   engines.speculative(acc.tcfg, acc.target_w, acc.dcfg, acc.draft_w,
+                                       acc.vocab, dec, [], acc.mesh))
 
 
 def test_greedy_with_accepted_drafts_on_a_tensor_parallel_target(accepting_draft, tiny_dir):
@@ -205,9 +183,10 @@ def test_greedy_with_accepted_drafts_on_a_tensor_parallel_target(accepting_draft
     replicated = NamedSharding(split, PartitionSpec())
     tw2 = load_target(resolve_target(tiny_dir), split, jnp.float32)
     assert tw2.layers.q.sharding.spec[2] == "tensor"
-    _accepting_run(acc, lambda dec: Decoder(
-        acc.tcfg, acc.dcfg, tw2, jax.device_put(acc.draft_w, replicated),
-        jax.device_put(acc.vocab, replicated), dec, [], split))
+    _accepting_run(acc, lambda dec, plain: engines.plain(acc.tcfg, tw2, dec, [], split)
+                   if plain else engines.speculative(
+                       acc.tcfg, tw2, acc.dcfg, jax.device_put(acc.draft_w, replicated),
+                       jax.device_put(acc.vocab, replicated), dec, [], split))
 
 
 def test_tau_is_reported_pooled_and_per_request_with_the_bonus_token():

@@ -19,9 +19,8 @@ import pytest
 from eagle3kit.core import draft as draft_lib
 from eagle3kit.core import target
 from eagle3kit.decode import draft_cache, tree
-from eagle3kit.decode.runner import Decoder
 from eagle3kit.decode.speculative import DecodeConfig
-from tests.decode import accepting
+from tests.decode import accepting, engines
 from tests.decode.test_speculative import P_MIN, chi_square_p_value
 
 # S = 3 steps of top-2: step 0 proposes 0, 1; step 1 expands both (2..5); step 2 expands the
@@ -74,11 +73,9 @@ def test_tree_structure_and_mask_equal_a_walk_over_parents(nodes):
     assert np.asarray(t.tokens).tolist() == tokens
     assert np.asarray(t.parent).tolist() == parents
     assert np.asarray(t.depth).tolist() == [len(a) - 1 for a in ancestors]
-    start, slots = 7, 24
-    mask = np.asarray(tree.verify_mask(t, jnp.int32(start), slots))
-    for i in range(nodes):  # committed slots, then exactly the node's own ancestors
-        assert set(np.flatnonzero(mask[i])) == set(range(start)) | {start + u for u in
-                                                                     ancestors[i]}
+    mask = np.asarray(t.ancestors)  # the verify's mask over the tree's tokens
+    for i in range(nodes):  # exactly the node's own ancestors and itself
+        assert set(np.flatnonzero(mask[i])) == ancestors[i]
 
 
 def test_hand_tree_is_the_one_worked_out_in_the_comment():
@@ -105,22 +102,33 @@ def test_accepted_path_equals_a_walk_down_agreeing_children(best_after):
     assert np.asarray(path)[: len(want)].tolist() == want
 
 
+def _prefill(tcfg, layers, tokens, aux_ids=()):
+    """A one-row cache of 32 slots holding `tokens` from slot 0, and the forward's output."""
+    cache = target.RowCache.zeros(tcfg, 1, 32, jnp.float32)
+    return target.forward_rows(layers, tcfg, jnp.asarray(tokens)[None],
+                               jnp.arange(len(tokens))[None], cache, prefill=True,
+                               aux_layer_ids=aux_ids)
+
+
 @pytest.fixture(scope="module")
 def prefilled(tiny):
-    """The tiny target with 9 committed tokens in its cache and the hand tree after them."""
+    """The tiny target with 9 committed tokens in its cache and the hand tree verified after
+    them: node t's keys at slot 9 + t, at position 9 + depth, under the tree's mask (the
+    engine's verify forward)."""
     tcfg, tw, dcfg, *_ = tiny
+    layers = target.unstack(tw, tcfg)
     prompt = np.random.default_rng(3).integers(0, 96, 9).astype(np.int32)
-    cache = target.KVCache.zeros(tcfg, 1, 32, jnp.float32)
-    _, cache = target.forward_cached(tw, tcfg, jnp.asarray(prompt)[None], jnp.int32(0), cache,
-                                     dcfg.aux_layer_ids)
+    _, cache = _prefill(tcfg, layers, prompt)
     t = hand_tree(6)
-    out, tree_cache = tree.forward_tree(tw, tcfg, t, jnp.int32(9), cache, dcfg.aux_layer_ids)
-    return prompt, t, out, tree_cache
+    out, tree_cache = target.forward_rows(
+        layers, tcfg, t.tokens[None], (9 + t.depth)[None], cache, prefix_B=jnp.asarray([9]),
+        block_mask_BxTxT=t.ancestors[None], window=32, aux_layer_ids=dcfg.aux_layer_ids)
+    return prompt, t, out, tree_cache, layers
 
 
 def test_tree_forward_equals_the_target_along_each_path(tiny, prefilled):
     tcfg, tw, dcfg, *_ = tiny
-    prompt, t, out, _ = prefilled
+    prompt, t, out, _, _ = prefilled
     tokens, _, ancestors = reference_tree(CANDIDATES, 6)
     # one causal forward per root-to-node path (right-padded: padding comes after, unread)
     paths = [[tokens[u] for u in sorted(ancestors[i])] for i in range(6)]
@@ -134,15 +142,13 @@ def test_tree_forward_equals_the_target_along_each_path(tiny, prefilled):
 
 def test_committing_a_path_leaves_the_cache_of_that_sequence(tiny, prefilled):
     tcfg, tw, dcfg, *_ = tiny
-    prompt, t, _, tree_cache = prefilled
-    path = jnp.asarray([0, 2, 4, 0], jnp.int32)  # root-11-14, a = 2
-    got = tree.commit_path(tree_cache, path, jnp.int32(9))
-    seq = [*prompt, ROOT, 11, 14]
-    ref = target.KVCache.zeros(tcfg, 1, 32, jnp.float32)
-    _, ref = target.forward_cached(tw, tcfg, jnp.asarray(seq)[None], jnp.int32(0), ref,
-                                   dcfg.aux_layer_ids)
-    np.testing.assert_allclose(got.k[:, :, :12], ref.k[:, :, :12], atol=2e-5)
-    np.testing.assert_allclose(got.v[:, :, :12], ref.v[:, :, :12], atol=2e-5)
+    prompt, t, _, tree_cache, layers = prefilled
+    path = jnp.asarray([[0, 2, 4, 0]], jnp.int32)  # root-11-14, a = 2
+    got = tree.commit_paths(tree_cache, path, jnp.asarray([9]))
+    _, ref = _prefill(tcfg, layers, [*prompt, ROOT, 11, 14])
+    for name in ("k", "v"):
+        for g, r in zip(getattr(got, name), getattr(ref, name), strict=True):
+            np.testing.assert_allclose(g[:, :12], r[:, :12], atol=2e-5)
 
 
 @pytest.fixture(scope="module")
@@ -195,14 +201,14 @@ def test_tree_greedy_decoding_equals_plain_greedy(tiny):
     """A wide tree catches a few tokens even from a random draft, so committed paths are
     exercised (the CLI test runs k = 3, test_smollm2.py the real target at 5/4/8)."""
     tcfg, tw, dcfg, w, vocab, mesh = tiny
-    base = Decoder(tcfg, dcfg, tw, w, vocab, DecodeConfig(steps=3, max_new_tokens=32), [], mesh)
     dec = DecodeConfig(steps=2, max_new_tokens=32, topk=8, draft_tokens=40)
-    decoder = Decoder(tcfg, dcfg, tw, w, vocab, dec, [], mesh)
+    base = engines.plain(tcfg, tw, dec, [], mesh)
+    decoder = engines.speculative(tcfg, tw, dcfg, w, vocab, dec, [], mesh)
     accepted = 0
     for seed in range(2):
         prompt = [int(x) for x in np.random.default_rng(seed).integers(0, 96, 11)]
-        r = decoder.speculative(prompt)
-        assert r.generated_ids == base.plain(prompt).generated_ids
+        r = engines.one(decoder, prompt, 32)
+        assert r.tokens == engines.one(base, prompt, 32).tokens
         assert 1 + sum(a + 1 for a in r.accept_lengths) >= 32
         accepted += sum(r.accept_lengths)
     assert accepted > 0
@@ -358,27 +364,27 @@ def test_sampled_trees_emit_the_targets_distribution(case, sampled_draws):
 
 
 def test_sampled_tree_decoding_runs_and_accepts(accepting_draft):
-    """Decoder end to end at temperature 0.8 with top-2 trees and the draft trained on the
+    """The engine (one row) end to end at temperature 0.8 with top-2 trees and the draft trained on the
     target's greedy answers: every answer is full length in valid ids, and the tree's
     accepted paths are committed in some steps (the greedy tests check commits' contents),
     and the tokens are samples, not the target's argmax after their prefix."""
     acc = accepting_draft
     dec = DecodeConfig(steps=2, topk=2, draft_tokens=5, temperature=0.8,
                        max_new_tokens=accepting.NEW)  # depth 2: a third less to compile
-    decoder = Decoder(acc.tcfg, acc.dcfg, acc.target_w, acc.draft_w, acc.vocab, dec, [],
-                      acc.mesh)
+    decoder = engines.speculative(acc.tcfg, acc.target_w, acc.dcfg, acc.draft_w, acc.vocab,
+                                  dec, [], acc.mesh)
     accepted, sampled = [], False
     for seed, prompt in enumerate(acc.prompts):
-        r = decoder.speculative(prompt, seed=seed)
+        r = engines.one(decoder, prompt, accepting.NEW, seed=seed)
         # the target's argmax after every prefix (one cache-free forward): greedy
         # verification would emit exactly these after the (sampled) first token
         seq = np.zeros((1, accepting.T), np.int32)
-        seq[0, : len(prompt) + accepting.NEW] = prompt + r.generated_ids
+        seq[0, : len(prompt) + accepting.NEW] = prompt + r.tokens
         best = np.asarray(accepting._argmax_all(acc.tcfg, acc.target_w, jnp.asarray(seq)))
-        sampled |= r.generated_ids[1:] != best[len(prompt): len(prompt) + accepting.NEW - 1
+        sampled |= r.tokens[1:] != best[len(prompt): len(prompt) + accepting.NEW - 1
                                                ].tolist()
-        assert len(r.generated_ids) == accepting.NEW
-        assert all(0 <= i < acc.tcfg.vocab_size for i in r.generated_ids)
+        assert len(r.tokens) == accepting.NEW
+        assert all(0 <= i < acc.tcfg.vocab_size for i in r.tokens)
         assert 1 + sum(a + 1 for a in r.accept_lengths) >= accepting.NEW
         assert all(0 <= a <= dec.steps for a in r.accept_lengths)
         accepted += r.accept_lengths

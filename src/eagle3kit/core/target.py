@@ -222,7 +222,8 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
 
     `kv_fn(k, v, layer, extra) -> (k_all, v_all, mask, key_positions, extra)` supplies the keys
     to attend to: the layer's own (training) or a KV cache it updates (decoding), with the
-    position of every key (for sliding windows). `mlp_fn(h, layer, mw)` is the layer's MLP.
+    position of every key (for sliding windows). A `RowAttention` instead takes the whole
+    attention over (decoding rows: `forward_rows`). `mlp_fn(h, layer, mw)` is the layer's MLP.
     """
     norm = gemma_rms_norm if cfg.gemma_norms else rms_norm
     eps = cfg.rms_norm_eps
@@ -239,14 +240,13 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
         q = constrain(_rope(q, positions_BxT, tables, r), ("batch", "seq", "act_heads", None))
         k = constrain(_rope(k, positions_BxT, tables, r), ("batch", "seq", "act_heads", None))
         v = constrain(v, ("batch", "seq", "act_heads", None))
-        k_all, v_all, mask, key_positions, extra = kv_fn(k, v, layer, extra)
-        if tables.window_L is not None:
-            mask = window_mask(mask, positions_BxT, key_positions, tables.window_L[layer])
-        if lw.sinks is None and not cfg.query_scale and not cfg.attn_softcap:
-            a = attend(q, k_all, v_all, mask, attn_impl)
+        if isinstance(kv_fn, RowAttention):
+            a = kv_fn(q, k, v, layer, lw.sinks)
         else:
-            a = attend_general(q, k_all, v_all, mask, cfg.query_scale or cfg.head_dim ** -0.5,
-                               cfg.attn_softcap, lw.sinks)
+            k_all, v_all, mask, key_positions, extra = kv_fn(k, v, layer, extra)
+            if tables.window_L is not None:
+                mask = window_mask(mask, positions_BxT, key_positions, tables.window_L[layer])
+            a = _attend(cfg, q, k_all, v_all, mask, lw.sinks, attn_impl)
         o = jnp.einsum("btnh,nhd->btd", a, lw.o)
         if lw.o_bias is not None:
             o = o + lw.o_bias
@@ -260,6 +260,16 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
     return constrain(x_BxTxD, ("batch", "seq", "act_embed")), extra
 
 
+def _attend(cfg: TargetConfig, q, k_all, v_all, mask, sinks, attn_impl: str = "xla"):
+    """The layer's softmax attention under `mask` (windows already in it): cuDNN or XLA for
+    plain layers, the general XLA attention for sinks, query scales and soft-capping."""
+    if sinks is None and not cfg.query_scale and not cfg.attn_softcap:
+        return attend(q, k_all, v_all, mask, attn_impl)
+    return attend_general(q, k_all, v_all, mask, cfg.query_scale or cfg.head_dim ** -0.5,
+                          cfg.attn_softcap, sinks)
+
+
+@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TargetOutput:
     hidden_BxTxD: jax.Array  # final-normed hidden state (input of the lm head)
@@ -353,49 +363,6 @@ def logits(w: TargetWeights, hidden_BxTxD: jax.Array) -> jax.Array:
     return constrain(out, ("batch", "seq", "act_vocab"))
 
 
-# ---- KV-cache decoding ---------------------------------------------------------------------
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class KVCache:
-    k: jax.Array  # L,B,S,K,H
-    v: jax.Array  # L,B,S,K,H
-
-    @staticmethod
-    def zeros(cfg: TargetConfig, batch: int, max_len: int, dtype: Any) -> KVCache:
-        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
-
-
-def forward_cached(w: TargetWeights, cfg: TargetConfig, tokens_BxT: jax.Array,
-                   start: jax.Array, cache: KVCache,
-                   aux_layer_ids: tuple[int, ...] | None = None
-                   ) -> tuple[TargetOutput, KVCache]:
-    """Forward of T new tokens at cache positions start..start+T-1 (same for every row).
-
-    Keys beyond each query's own position are masked, so stale entries left by rejected
-    speculative tokens are never read; they are overwritten by the next call.
-    """
-    aux_layer_ids = cfg.default_aux_layer_ids() if aux_layer_ids is None else aux_layer_ids
-    b, t = tokens_BxT.shape
-    max_len = cache.k.shape[2]
-    positions = jnp.broadcast_to(start + jnp.arange(t), (b, t))
-    mask = jnp.broadcast_to(jnp.arange(max_len)[None, :] <= positions[0][:, None],
-                            (b, t, max_len))
-    key_positions = jnp.broadcast_to(jnp.arange(max_len), (b, max_len))
-
-    def kv_fn(k, v, layer, extra):
-        ck, cv = extra
-        ck = jax.lax.dynamic_update_slice(ck, k[None], (layer, 0, start, 0, 0))
-        cv = jax.lax.dynamic_update_slice(cv, v[None], (layer, 0, start, 0, 0))
-        return ck[layer], cv[layer], mask, key_positions, (ck, cv)
-
-    out, (k, v) = _scan_layers(w, cfg, tokens_BxT, positions, aux_layer_ids, kv_fn,
-                               (cache.k, cache.v))
-    return out, KVCache(k, v)
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class LayerList:
@@ -486,10 +453,14 @@ def _loop_layers(w: LayerList, cfg: TargetConfig, tokens_BxT, positions_BxT, kv_
     return TargetOutput(x, constrain(aux_BxTxA, ("batch", "seq", "act_embed")))
 
 
+# ---- decoding rows over a KV cache ---------------------------------------------------------
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class RowCache:
-    """KV cache of C independent rows of S positions, one array pair per layer."""
+    """KV cache of C independent rows of S slots, one array pair per layer. Every decoder
+    (plain and speculative generation, `regenerate` and `eval`) uses this one layout."""
 
     k: list  # L x [C,S,K,H]
     v: list
@@ -501,48 +472,89 @@ class RowCache:
                         [jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)])
 
 
+@dataclasses.dataclass(frozen=True)
+class RowAttention:
+    """The attention of `forward_rows` for one layer, the one place that reads the cache.
+
+    Writes the new tokens' keys and values at slots prefix_B[b] + j of cache row rows_B[b],
+    then lets query t of batch row b see the slots s < prefix_B[b] (slot index == RoPE
+    position there) and the new tokens j where block_mask[b, t, j] (None: j <= t), inside the
+    layer's sliding window measured in RoPE positions (new token j's is q_positions[b, j]).
+    This is `core/ragged_attention.attend_rows`'s contract: the XLA path below reads the
+    first `window` slots of the rows; a kernel reading each row in place replaces it here.
+    """
+
+    cfg: TargetConfig
+    ks: list  # per layer [C,S,K,H], updated in place (the caller's lists)
+    vs: list
+    rows_B: jax.Array
+    prefix_B: jax.Array
+    q_positions_BxT: jax.Array
+    block_mask_BxTxT: jax.Array | None
+    window: int  # slots read (static): >= every prefix + T; 0: read none (a first prefill)
+    attn_impl: str = "xla"
+
+    def __call__(self, q, k, v, layer: int, sinks):
+        b, t = self.q_positions_BxT.shape
+        slots = self.prefix_B[:, None] + jnp.arange(t)[None, :]
+        ks, vs, rows = self.ks, self.vs, self.rows_B
+        ks[layer] = ks[layer].at[rows[:, None], slots].set(k.astype(ks[layer].dtype),
+                                                           mode="drop")
+        vs[layer] = vs[layer].at[rows[:, None], slots].set(v.astype(vs[layer].dtype),
+                                                           mode="drop")
+        block = self.block_mask_BxTxT
+        if block is None:
+            block = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+        if self.window == 0:  # the new tokens start their rows: nothing cached to read
+            keys, values, mask, key_positions = k, v, block, self.q_positions_BxT
+        else:
+            keys, values = ks[layer][rows, : self.window], vs[layer][rows, : self.window]
+            rel = jnp.arange(self.window)[None, :] - self.prefix_B[:, None]  # B,W
+            new = (rel >= 0) & (rel < t)
+            j = jnp.clip(rel, 0, t - 1)
+            sees_new = jnp.take_along_axis(block, jnp.broadcast_to(j[:, None], (b, t,
+                                                                                self.window)),
+                                           axis=2)
+            mask = (rel < 0)[:, None, :] | (new[:, None, :] & sees_new)
+            key_positions = jnp.where(new, jnp.take_along_axis(self.q_positions_BxT, j, 1),
+                                      jnp.arange(self.window)[None, :])
+        if any(self.cfg.layer_windows) and self.cfg.layer_windows[layer]:
+            mask = window_mask(mask, self.q_positions_BxT, key_positions,
+                               self.cfg.layer_windows[layer])
+        return _attend(self.cfg, q, keys.astype(q.dtype), values.astype(q.dtype), mask, sinks,
+                       self.attn_impl)
+
+
 def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
                  positions_BxT: jax.Array, cache: RowCache, *, rows_B: jax.Array | None = None,
-                 window: int | None = None, prefill: bool = False
-                 ) -> tuple[jax.Array, RowCache]:
-    """Forward of T new tokens per row, each row at its own positions (batched generation);
-    returns the final-normed hidden state [B,T,D] and the updated cache.
+                 prefix_B: jax.Array | None = None, block_mask_BxTxT: jax.Array | None = None,
+                 window: int | None = None, prefill: bool = False,
+                 aux_layer_ids: tuple[int, ...] = ()) -> tuple[TargetOutput, RowCache]:
+    """Forward of T new tokens per row, each row at its own positions (batched generation,
+    speculative verification); returns the output (final-normed hidden [B,T,D], the captured
+    states of `aux_layer_ids`) and the updated cache.
 
-    Row r of the cache holds S positions; a position's keys live at that index of its row,
-    so each row has its own RoPE positions and length. Batch row b writes its keys at
-    `positions_BxT[b]` of cache row `rows_B[b]` (default: row b, then B == C) and attends to
-    the keys at positions <= its own (and inside a layer's sliding window).
+    Batch row b writes its keys at slots prefix_B[b] .. prefix_B[b]+T-1 of cache row
+    rows_B[b] (default: row b, then B == C) and reads the row's slots below prefix_B[b],
+    where slot index == RoPE position. `positions_BxT` are the new tokens' RoPE positions:
+    prefix_B[b] + j for a plain run of tokens (the default prefix is positions_BxT[:, 0]),
+    prefix + depth for a draft tree, whose `block_mask_BxTxT[b, t, j]` says which new tokens
+    query t sees (its ancestors and itself; None: causal). See `RowAttention`.
 
-    prefill  the T tokens start a sequence at position 0: they attend to each other only
-             (causally), so no cache is read; padding after a prompt writes keys past its
-             end, which later tokens overwrite before any query can reach them.
-    window   otherwise keys are read from the first `window` positions of the row (a
-             static bound >= every query position + 1: decoding reads no more of the
-             cache than the longest sequence needs).
+    prefill  the T tokens start their rows (prefix 0): no cache is read; padding after a
+             prompt writes keys past its end, which later tokens overwrite before any query
+             can reach them.
+    window   otherwise keys are read from the first `window` slots of the row (a static
+             bound >= every prefix + T: decoding reads no more of the cache than the longest
+             sequence needs).
 
     Writes past the cache's end are dropped.
     """
     b, t = tokens_BxT.shape
     rows = jnp.arange(b) if rows_B is None else rows_B
-    window = cache.k[0].shape[1] if window is None else window
-    if prefill:
-        mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
-    else:
-        mask = jnp.arange(window)[None, None, :] <= positions_BxT[:, :, None]
-    key_positions = jnp.broadcast_to(jnp.arange(window), (b, window))  # a slot is a position
+    prefix = positions_BxT[:, 0] if prefix_B is None else prefix_B
+    window = 0 if prefill else cache.k[0].shape[1] if window is None else window
     ks, vs = list(cache.k), list(cache.v)
-
-    def kv_fn(k, v, layer, extra):
-        ks[layer] = ks[layer].at[rows[:, None], positions_BxT].set(k.astype(ks[layer].dtype),
-                                                                   mode="drop")
-        vs[layer] = vs[layer].at[rows[:, None], positions_BxT].set(v.astype(vs[layer].dtype),
-                                                                   mode="drop")
-        if prefill:
-            return k, v, mask, positions_BxT, extra
-        keys, values = ks[layer][:, :window], vs[layer][:, :window]
-        if rows_B is not None:
-            keys, values = keys[rows], values[rows]
-        return keys, values, mask, key_positions, extra
-
-    out = _loop_layers(w, cfg, tokens_BxT, positions_BxT, kv_fn)
-    return out.hidden_BxTxD, RowCache(ks, vs)
+    attention = RowAttention(cfg, ks, vs, rows, prefix, positions_BxT, block_mask_BxTxT, window)
+    out = _loop_layers(w, cfg, tokens_BxT, positions_BxT, attention, aux_layer_ids)
+    return out, RowCache(ks, vs)

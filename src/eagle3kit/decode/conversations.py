@@ -1,6 +1,6 @@
 """Multi-turn generation: which turns a conversation asks the target to answer, and in what
-context. One implementation for `regenerate` (many conversations through the batched engine)
-and `eval --prompts` (one turn at a time through the speculative decoder).
+context, and the loop that answers them (`drive`): one implementation for `regenerate` (the
+local engine or a server, --endpoint) and `eval --prompts` (the engine with a draft).
 
 A `Dialogue` walks a conversation's assistant turns in order. The prompt of turn j is the
 conversation up to that turn's user message, rendered with the target's chat template, with
@@ -15,6 +15,7 @@ last answered turn; system and user messages are kept where they stand.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -125,3 +126,46 @@ def answer_text(tokenizer: Any, tokens: Sequence[int], stop_ids: set[int]) -> st
     if tokens and tokens[-1] in stop_ids:
         tokens = tokens[:-1]
     return tokenizer.decode(list(tokens), skip_special_tokens=True)
+
+
+def drive(backend, items: Sequence[Any], prompt: Callable[[Any], Any],
+          request: Callable[[Any, Any], Any], answered: Callable[[Any, Any, Any], None],
+          finished: Callable[[Any], None], synced: Callable[[], None] | None = None) -> None:
+    """The conversation loop of `regenerate` (local engine and --endpoint) and `eval`.
+
+    `items` each hold a `Dialogue`; `prompt(item)` is its next turn's prompt (None when it is
+    over: `finished(item)` is called), `request(item, prompt)` the backend's request for it,
+    whose completion comes back to `answered(item, prompt, completion)` (which answers or
+    stops the dialogue). The backend's rows are kept full, next turns of started
+    conversations first (so finished ones leave a reorder buffer soon): `backend.step(queue)`
+    takes requests from the left of `queue` into free rows and returns completions with
+    handle (item, prompt); `backend.free_rows` and `backend.busy` say what it holds.
+    `synced()` runs after every step (progress, a stop request raising).
+    """
+    pending = collections.deque(items)
+    queue: collections.deque = collections.deque()
+
+    def next_turn(item, first: bool) -> None:
+        p = prompt(item)
+        if p is None:
+            finished(item)
+        elif first:
+            queue.append(request(item, p))
+        else:
+            queue.appendleft(request(item, p))
+
+    def top_up() -> None:
+        while pending and len(queue) < max(backend.free_rows, 1):
+            next_turn(pending.popleft(), first=True)
+
+    top_up()
+    while queue or backend.busy:
+        if synced is not None:
+            synced()
+        for c in backend.step(queue):
+            item, p = c.handle
+            answered(item, p, c)
+            next_turn(item, first=False)
+        top_up()
+    if synced is not None:
+        synced()

@@ -58,10 +58,9 @@ def forward_cached(w: draft.DraftWeights, cfg: DraftConfig, embeds_BxTxD: jax.Ar
     positions = jnp.broadcast_to(start + jnp.arange(t), (b, t))
 
     def over_cache(p: draft.Projected):
-        k = jax.lax.dynamic_update_slice(cache.k, p.k_BxTxKxH.astype(cache.k.dtype),
-                                         (0, start, 0, 0))
-        v = jax.lax.dynamic_update_slice(cache.v, p.v_BxTxKxH.astype(cache.v.dtype),
-                                         (0, start, 0, 0))
+        at = start + jnp.arange(t)  # writes past the cache's end are dropped, never shifted
+        k = cache.k.at[:, at].set(p.k_BxTxKxH.astype(cache.k.dtype), mode="drop")
+        v = cache.v.at[:, at].set(p.v_BxTxKxH.astype(cache.v.dtype), mode="drop")
         slots = cache.k.shape[1]
         mask = jnp.broadcast_to(jnp.arange(slots)[None, :] <= positions[0][:, None],
                                 (b, t, slots))

@@ -1,39 +1,41 @@
-"""Batched generation with the target alone: fixed cache rows, continuous refill.
+"""Batched generation, plain or speculative: fixed cache rows, continuous refill, one host loop.
 
-The engine decodes up to C sequences at once. Its KV cache holds C independent rows of S
-positions each (`target.forward_rows`): a row's keys sit at their own RoPE positions, so every
-row has its own length, and a row that finishes takes the next pending request at once, with
-programs compiled once per shape:
+The engine decodes up to C sequences at once. Its target KV cache holds C independent rows of
+S slots (`target.RowCache`, the only cache layout of the target): a row's keys sit at their
+own RoPE positions, so every row has its own length, and a row that finishes takes the next
+pending request at once. Programs are compiled once per shape:
 
     prefill   P new prompts (padded to a bucket of P rows x T tokens) start in free rows: one
-              forward writes their keys and samples each one's first token. Prompts longer than
-              `prefill_chunk` are prefilled in pieces that read the keys written before.
-    decode    up to `sync_every` steps of all C rows in one device program (a while loop):
-              each step feeds every row its newest token and samples the next. Finished and
-              free rows idle (they write nothing a live query can read). The program ends
-              early once no row is live, or once a row finished while requests wait, so no
-              step is run for nothing and no request waits on idle rows: the plain baseline
-              of `eval --concurrency` does exactly the useful work, as the speculative engine
-              does. The host syncs once per program, collects the tokens, retires finished
-              rows and refills them.
+              forward writes their keys and samples each one's first token (speculative:
+              and captures the states the draft's step-0 entries of the prompt are made
+              of). Prompts longer than `prefill_chunk` go in pieces that read the keys
+              written before.
+    step      up to `sync_every` device steps of all C rows in one program (a while loop):
+              plain, each step feeds every row its newest token and samples the next;
+              speculative (`speculation`, decode/speculative.py), each step drafts a chain
+              or a tree per row and verifies every row's tokens in ONE batched target
+              forward, each row accepting by its own rule. Finished and free rows idle
+              (they write nothing a live query can read). The program ends early once no
+              row is live, or once a row finished while requests wait, so no step is run
+              for nothing and no request waits on idle rows. The host syncs once per
+              program, collects the tokens, retires finished rows and refills them.
 
-Attention reads only the first `window` positions of each row, a bound over the longest live
-sequence (`window_bucket`), so short sequences never pay for the cache's full length. Layers
-are looped over unstacked (`target.LayerList`): scanning the stacked layers would copy each
-layer's weights and cache out of the stack at every step.
+Attention reads only the first `window` slots of each row, a bound over the longest live
+sequence (`window_bucket`) and, speculative, over where its rows can write during the
+program, so short sequences never pay for the cache's full length. Layers are looped over
+unstacked (`target.LayerList`): scanning the stacked layers would copy each layer's weights
+and cache out of the stack at every step.
 
-Repetition (`EngineConfig.repetition`, decode/repetition.py): where the tokens of a decode
-program come back to the host, an answer whose tail repeats one block is ended at the token
-that completed the loop ("repetition"), as if checked after every token. The host frees the
-row at once; on the device it runs on unread until a prefill takes it (its writes stay in its
-own row), so no program changes.
+Repetition (`EngineConfig.repetition`, decode/repetition.py, plain decoding): where the tokens
+of a program come back to the host, an answer whose tail repeats one block is ended at the
+token that completed the loop ("repetition"), as if checked after every token. The host
+frees the row at once; on the device it runs on unread until a prefill takes it.
 
-Sampling is per request, not per row: request r's token i is drawn with the key
-fold_in(fold_in(key(seed), r.seed), i). With the same seed a request gets the same tokens
-whichever row it lands in and whoever shares the batch, so regenerated data does not depend
-on the batch size or the order of completion (greedy decoding needs no key at all).
+Sampling is per request, not per row (decode/sampling.py), so a request's tokens do not
+depend on its row, its neighbours or the order of completion.
 
-Shapes: C cache rows, S positions per row, P prefill rows, T prefill tokens, V target vocab.
+Shapes: C cache rows, S slots per row, P prefill rows, T prefill tokens, V target vocab,
+K draft tokens per verify step, D draft hidden.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,33 +56,21 @@ from jax.sharding import Mesh, NamedSharding
 from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import batch_ways, spec_for, use_mesh
+from eagle3kit.decode import draft_cache, speculative
 from eagle3kit.decode.repetition import Detector, Repetition
-from eagle3kit.errors import ResourceError
+from eagle3kit.decode.sampling import Sampling, is_stop, request_keys, sample
+from eagle3kit.decode.speculative import Speculation
+from eagle3kit.errors import ResourceError, UserError
 
 MIN_PREFILL = 128  # shortest prefill bucket (tokens), unless prefill_chunk is shorter
 MIN_WINDOW = 128  # shortest attention window (positions)
 
 
 @dataclasses.dataclass(frozen=True)
-class Sampling:
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0  # nucleus: the smallest set of tokens holding this much probability
-    top_k: int = 0  # only the k most probable tokens (0: all)
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature {self.temperature} < 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p {self.top_p} outside (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k {self.top_k} < 0")
-
-
-@dataclasses.dataclass(frozen=True)
 class EngineConfig:
     rows: int = 64  # C: sequences decoded at once
-    max_context: int = 4096  # S: prompt + answer, per row
-    sync_every: int = 32  # decode steps per device program (host syncs)
+    max_context: int = 4096  # S: prompt + answer (+ one verify's tokens), per row
+    sync_every: int = 32  # device steps per program (host syncs)
     prefill_chunk: int = 512  # longest prefill piece
     sampling: Sampling = Sampling()
     seed: int = 0
@@ -90,7 +82,7 @@ class Request:
     handle: Any  # the caller's, returned with the completion
     prompt: Sequence[int]
     max_new_tokens: int
-    seed: int = 0  # this request's sampling stream (see the module docstring)
+    seed: int = 0  # this request's sampling stream (decode/sampling.py)
 
 
 @dataclasses.dataclass
@@ -100,6 +92,8 @@ class Completion:
     tokens: list[int]  # generated, ending with the stop token when one ended it
     finish_reason: str  # "stop" (a stop token), "length" (max_new_tokens reached) or
     # "repetition" (its last tokens repeat one block: EngineConfig.repetition)
+    accept_lengths: list[int] = dataclasses.field(default_factory=list)  # speculative: the
+    # draft tokens accepted at each verify step
 
 
 @jax.tree_util.register_dataclass
@@ -108,16 +102,18 @@ class RowState:
     """Per cache row (device arrays, [C] each)."""
 
     token: Any  # int32: the newest token, fed at the next step
-    position: Any  # int32: where that token's keys go
+    position: Any  # int32: its slot (and RoPE position): where its keys go
     generated: Any  # int32: tokens generated so far
     limit: Any  # int32: max new tokens of the row's request
     seed: Any  # uint32: the request's sampling stream
     active: Any  # bool
+    h: Any = None  # speculative: [C,1,D] the draft's h of column position-1
 
     @staticmethod
-    def empty(c: int) -> RowState:
+    def empty(c: int, draft_hidden: int = 0, dtype: Any = jnp.float32) -> RowState:
         z = jnp.zeros((c,), jnp.int32)
-        return RowState(z, z, z, z, jnp.zeros((c,), jnp.uint32), jnp.zeros((c,), bool))
+        h = jnp.zeros((c, 1, draft_hidden), dtype) if draft_hidden else None
+        return RowState(z, z, z, z, jnp.zeros((c,), jnp.uint32), jnp.zeros((c,), bool), h)
 
 
 def bucket(n: int, low: int) -> int:
@@ -134,7 +130,7 @@ def window_bucket(n: int, limit: int) -> int:
     return min(w, limit)
 
 
-def _rows_bucket(n: int, low: int) -> int:
+def rows_bucket(n: int, low: int) -> int:
     """Prefill rows: `low` times a power of four >= n (few programs; the engine sets `low` to
     a sixteenth of its rows, so a refill of one row pads to 1/16 of a full prefill)."""
     p = max(low, 1)
@@ -143,76 +139,59 @@ def _rows_bucket(n: int, low: int) -> int:
     return p
 
 
-def sample(logits_BxV: jax.Array, keys_B: jax.Array, sampling: Sampling) -> jax.Array:
-    """[B] tokens: argmax at temperature 0, else a draw from softmax(logits / T), restricted
-    to the top_k most probable tokens when top_k > 0 (ties with the k-th kept), then to the
-    top-p nucleus of what is left when top_p < 1 (the most probable token is always kept).
-    vLLM's and transformers' order; top-k alone costs no sort of the vocabulary."""
-    if sampling.temperature == 0:
-        return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
-    x = logits_BxV.astype(jnp.float32) / sampling.temperature
-    k = min(sampling.top_k, x.shape[-1])
-    if k:
-        top = jax.lax.top_k(x, k)[0]  # descending
-        x = jnp.where(x >= top[:, -1:], x, -jnp.inf)
-    if sampling.top_p < 1:
-        desc = top if k else -jnp.sort(-x, axis=-1)
-        p = jax.nn.softmax(desc, axis=-1)
-        before = jnp.cumsum(p, axis=-1) - p  # probability of the tokens ranked above
-        keep = before < sampling.top_p
-        threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
-        x = jnp.where(x >= threshold, x, -jnp.inf)
-    return jax.vmap(jax.random.categorical)(keys_B, x).astype(jnp.int32)
-
-
-def _keys(base: jax.Array, seeds_B: jax.Array, index_B: jax.Array) -> jax.Array:
-    return jax.vmap(lambda s, i: jax.random.fold_in(jax.random.fold_in(base, s), i))(
-        seeds_B, index_B)
-
-
-def _logits(w: target.TargetWeights, hidden_BxD: jax.Array) -> jax.Array:
+def logits(w: target.LayerList, hidden_BxD: jax.Array) -> jax.Array:
     """fp32 logits: 16-bit logits tie at the top often enough to change greedy answers."""
     return jnp.einsum("bd,dv->bv", hidden_BxD, target.lm_head_weight(w),
                       preferred_element_type=jnp.float32)
 
 
-def _is_stop(tokens_B: jax.Array, stop_ids: jax.Array) -> jax.Array:
-    return (tokens_B[:, None] == stop_ids[None, :]).any(-1)
+# ---- the device programs -------------------------------------------------------------------
 
 
-def _prefill(w, cache, state, base_key, stop_ids, tokens_PxT, rows_P, starts_P, lengths_P,
-             limits_P, seeds_P, *, cfg: TargetConfig, sampling: Sampling, first: bool,
-             window: int):
+def _prefill(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, tokens_PxT,
+             following_PxT, rows_P, starts_P, lengths_P, limits_P, seeds_P, *,
+             cfg: TargetConfig, sampling: Sampling, drafting: tuple | None, first: bool,
+             window: int, data: int):
     """One prefill piece for P rows; rows whose prompt ends in it get their first token.
-
-    Padding rows carry row index C (out of range): their writes are dropped.
-    """
+    `following[p, j]` is the prompt token after piece token j (the draft's step-0 entry of a
+    column reads the token after it); the first generated token is put in where the prompt
+    ends. Padding rows carry row index C (out of range): their writes are dropped."""
+    spec = drafting and Speculation(drafting[0], draft_w, vocab, drafting[1])
     p, t = tokens_PxT.shape
     positions = starts_P[:, None] + jnp.arange(t)[None, :]
-    hidden, cache = target.forward_rows(w, cfg, tokens_PxT, positions, cache, rows_B=rows_P,
-                                        window=window, prefill=first)
+    out, cache = target.forward_rows(w, cfg, tokens_PxT, positions, cache, rows_B=rows_P,
+                                     window=window, prefill=first,
+                                     aux_layer_ids=spec.dcfg.aux_layer_ids if spec else ())
     last = jnp.clip(lengths_P - 1 - starts_P, 0, t - 1)
-    hidden = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
-    token = sample(_logits(w, hidden), _keys(base_key, seeds_P, jnp.zeros_like(seeds_P)),
+    hidden = jnp.take_along_axis(out.hidden_BxTxD, last[:, None, None], axis=1)[:, 0]
+    token = sample(logits(w, hidden), request_keys(base_key, seeds_P, jnp.zeros_like(seeds_P)),
                    sampling)
     ends = starts_P + t >= lengths_P
-    active = ends & ~_is_stop(token, stop_ids) & (limits_P > 1)
+    active = ends & ~is_stop(token, stop_ids) & (limits_P > 1)
 
     def put(field, value):
         return field.at[rows_P].set(value.astype(field.dtype), mode="drop")
 
+    h = state.h
+    if spec is not None:
+        following = jnp.where((jnp.arange(t)[None, :] == last[:, None]) & ends[:, None],
+                              token[:, None], following_PxT)
+        mine = draft_cache.DraftKV(dcache.k[rows_P], dcache.v[rows_P])
+        h_new, mine = speculative.extend_rows(spec, w, out.aux_BxTxA, following, starts_P, last,
+                                              mine, data)
+        dcache = draft_cache.DraftKV(put(dcache.k, mine.k), put(dcache.v, mine.v))
+        h = put(h, h_new)
     state = RowState(put(state.token, token), put(state.position, lengths_P),
                      put(state.generated, jnp.ones_like(token)), put(state.limit, limits_P),
-                     put(state.seed, seeds_P), put(state.active, active))
-    return cache, state, token
+                     put(state.seed, seeds_P), put(state.active, active), h)
+    return cache, dcache, state, token
 
 
 def run_steps(body, carry: tuple, steps: int, waiting, state_at: int) -> tuple:
     """`body(i, carry) -> carry` for i = 0, 1, ... while fewer than `steps` ran, a row is still
-    live, and no row live at the start has finished while `waiting` (requests queued for it):
-    both engines' device programs, so no step runs for nothing and a freed row is refilled
-    at once. `carry[state_at]` is the rows' state (its `active` [C]); returns (steps run,
-    *carry)."""
+    live, and no row live at the start has finished while `waiting` (requests queued for it),
+    so no step runs for nothing and a freed row is refilled at once. `carry[state_at]` is the
+    rows' state (its `active` [C]); returns (steps run, *carry)."""
     live_at_start = carry[state_at].active
 
     def more(c):
@@ -222,41 +201,89 @@ def run_steps(body, carry: tuple, steps: int, waiting, state_at: int) -> tuple:
     return jax.lax.while_loop(more, lambda c: (c[0] + 1, *body(c[0], c[1:])), (0, *carry))
 
 
-def _decode(w, cache, state, base_key, stop_ids, waiting, *, cfg: TargetConfig,
-            sampling: Sampling, steps: int, window: int):
-    """Up to `steps` decoding steps of every row -> (cache, state, tokens [C, steps], -1 where
-    a row emitted nothing, steps run). It stops early once no row is live, or once a row
-    finished while `waiting` (requests are queued for a free row)."""
+def _decode(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting, *,
+            cfg: TargetConfig, sampling: Sampling, steps: int, window: int):
+    """Up to `steps` plain decoding steps of every row -> (cache, dcache, state, tokens
+    [C, steps, 1] (-1 where a row emitted nothing), accepted (None), steps run)."""
     c = state.token.shape[0]
 
     def body(i, carry):
         cache, s, out = carry
-        hidden, cache = target.forward_rows(w, cfg, s.token[:, None], s.position[:, None],
-                                            cache, window=window)
-        token = sample(_logits(w, hidden[:, 0]), _keys(base_key, s.seed, s.generated),
-                       sampling)
-        out = out.at[:, i].set(jnp.where(s.active, token, -1))
+        o, cache = target.forward_rows(w, cfg, s.token[:, None], s.position[:, None], cache,
+                                       window=window)
+        token = sample(logits(w, o.hidden_BxTxD[:, 0]),
+                       request_keys(base_key, s.seed, s.generated), sampling)
+        out = out.at[:, i, 0].set(jnp.where(s.active, token, -1))
         live = s.active.astype(jnp.int32)
         generated = s.generated + live
-        s = RowState(jnp.where(s.active, token, s.token), s.position + live, generated,
-                     s.limit, s.seed,
-                     s.active & ~_is_stop(token, stop_ids) & (generated < s.limit))
+        s = dataclasses.replace(
+            s, token=jnp.where(s.active, token, s.token), position=s.position + live,
+            generated=generated,
+            active=s.active & ~is_stop(token, stop_ids) & (generated < s.limit))
         return cache, s, out
 
-    out = jnp.full((c, steps), -1, jnp.int32)
+    out = jnp.full((c, steps, 1), -1, jnp.int32)
     ran, cache, state, out = run_steps(body, (cache, state, out), steps, waiting, state_at=1)
-    return cache, state, out, ran
+    return cache, dcache, state, out, None, ran
+
+
+def _verify(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting, *,
+            cfg: TargetConfig, drafting: tuple, steps: int, window: int, data: int):
+    """Up to `steps` speculative verify steps of every row -> (cache, dcache, state, tokens
+    [C, steps, K+1], accepted [C, steps]; -1 where a row emitted nothing, steps run).
+
+    The draft cache's first `window` slots are copied out once per program and back after
+    it (the target's attention reads its own window in place); an idle row may write past
+    it (clamped into its own slots, never read: its next prefill replaces the row)."""
+    spec = Speculation(drafting[0], draft_w, vocab, drafting[1])
+    c, k1 = state.token.shape[0], spec.dec.steps + 1
+
+    def body(i, carry):
+        cache, small, s, tokens, accepted = carry
+        keys = request_keys(base_key, s.seed, s.generated)
+        new, a, h, cache, small = speculative.verify_rows(
+            spec, cfg, w, cache, small, s.token, s.position, s.h, keys, window=window,
+            data=data)
+        live = s.active
+        count = jnp.where(live, a + 1, 0)
+        generated = s.generated + count
+        shown = live[:, None] & (jnp.arange(k1)[None, :] <= a[:, None])
+        stopped = (is_stop(new, stop_ids) & shown).any(-1)
+        last = jnp.take_along_axis(new, a[:, None], axis=1)[:, 0]
+        s = dataclasses.replace(
+            s, token=jnp.where(live, last, s.token), position=s.position + count,
+            generated=generated, h=jnp.where(live[:, None, None], h, s.h),
+            active=live & ~stopped & (generated < s.limit))
+        tokens = tokens.at[:, i].set(jnp.where(shown, new, -1))
+        accepted = accepted.at[:, i].set(jnp.where(live, a, -1))
+        return cache, small, s, tokens, accepted
+
+    dk, dv = dcache.k, dcache.v
+    small = draft_cache.DraftKV(dk[:, :window], dv[:, :window])
+    tokens = jnp.full((c, steps, k1), -1, jnp.int32)
+    accepted = jnp.full((c, steps), -1, jnp.int32)
+    ran, cache, small, state, tokens, accepted = run_steps(
+        body, (cache, small, state, tokens, accepted), steps, waiting, state_at=2)
+    dcache = draft_cache.DraftKV(dk.at[:, :window].set(small.k), dv.at[:, :window].set(small.v))
+    return cache, dcache, state, tokens, accepted, ran
 
 
 @functools.cache
-def _programs(tcfg: TargetConfig, sampling: Sampling):
-    """The jitted prefill and decode of one target and sampling rule, shared by every engine
-    of the process (an eval after a regenerate, tests) so each shape compiles once."""
-    prefill = jax.jit(functools.partial(_prefill, cfg=tcfg, sampling=sampling),
-                      static_argnames=("first", "window"), donate_argnums=(1, 2))
-    decode = jax.jit(functools.partial(_decode, cfg=tcfg, sampling=sampling),
-                     static_argnames=("steps", "window"), donate_argnums=(1, 2))
-    return prefill, decode
+def _programs(tcfg: TargetConfig, sampling: Sampling, drafting: tuple | None, data: int):
+    """The jitted prefill and step of one target, sampling rule and drafting shape
+    ((draft config, DecodeConfig) or None: plain), shared by every engine of the process (an
+    eval's batch sizes, tests) so each shape compiles once."""
+    prefill = jax.jit(functools.partial(_prefill, cfg=tcfg, sampling=sampling,
+                                        drafting=drafting, data=data),
+                      static_argnames=("first", "window"), donate_argnums=(3, 4, 5))
+    if drafting is None:
+        step = functools.partial(_decode, cfg=tcfg, sampling=sampling)
+    else:
+        step = functools.partial(_verify, cfg=tcfg, drafting=drafting, data=data)
+    return prefill, jax.jit(step, static_argnames=("steps", "window"), donate_argnums=(3, 4, 5))
+
+
+# ---- host side -----------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -264,26 +291,37 @@ class _Row:
     request: Request
     tokens: list[int]
     remaining_prompt: int  # prompt tokens not yet prefilled (long prompts go in pieces)
+    accepts: list[int] = dataclasses.field(default_factory=list)
 
 
 class Engine:
-    """Continuous batched generation of one target (see the module docstring).
+    """Continuous batched generation of one target, plain or speculative with `speculation`
+    (see the module docstring).
 
     `step(queue)` takes requests from the left of `queue` into free rows, advances every live
-    row by up to `sync_every` tokens and returns the requests that finished.
+    row by up to `sync_every` device steps and returns the requests that finished.
     """
 
-    def __init__(self, tcfg: TargetConfig, weights: target.TargetWeights, mesh: Mesh,
-                 stop_ids: Sequence[int], cfg: EngineConfig):
+    def __init__(self, tcfg: TargetConfig, weights: target.TargetWeights | target.LayerList,
+                 mesh: Mesh, stop_ids: Sequence[int], cfg: EngineConfig,
+                 speculation: Speculation | None = None):
         data = batch_ways(mesh)
         if cfg.rows % data:
             raise ResourceError(f"{cfg.rows} rows cannot be split over data={data} devices; "
                                 "use a multiple of the data axis")
         if cfg.prefill_chunk & (cfg.prefill_chunk - 1) or cfg.prefill_chunk < 16:
             raise ValueError(f"prefill_chunk {cfg.prefill_chunk}: a power of two >= 16")
-        self.tcfg, self.mesh, self.cfg = tcfg, mesh, cfg
-        # per-layer weights: see target.LayerList (the caller may drop the stacked ones, or
-        # pass a LayerList it made with target.unstack_in_place)
+        spec = speculation
+        if spec is not None:
+            spec.dec.check()
+            if cfg.sampling != Sampling(spec.dec.temperature):
+                raise ValueError("speculative decoding samples at the drafting temperature "
+                                 "alone (no top-p, top-k): pass Sampling(dec.temperature)")
+            if cfg.repetition is not None:
+                raise ValueError("the repetition rule ends plain generation only")
+        self.tcfg, self.mesh, self.cfg, self.spec = tcfg, mesh, cfg, spec
+        # per-layer weights: see target.LayerList. A stacked target is copied unstacked (the
+        # caller keeps its own); jobs pass target.unstack_in_place's, the target held once
         self.w = weights if isinstance(weights, target.LayerList) else \
             jax.jit(target.unstack, static_argnums=1)(weights, tcfg)
         self.stop_ids = jnp.asarray(sorted(set(stop_ids)) or [-1], jnp.int32)
@@ -291,26 +329,33 @@ class Engine:
         self.base_key = jax.random.key(cfg.seed)
         self.rows: list[_Row | None] = [None] * cfg.rows
         self.generated_tokens = 0
-        self.decode_steps = 0  # decode steps run (each advances every live row by a token)
+        self.device_steps = 0  # decode or verify steps run (each advances every live row)
         self.programs: set[tuple] = set()  # compiled shapes, for reporting
-        dtype = weights.embed.dtype
+        dtype = self.w.embed.dtype
         cache_spec = NamedSharding(mesh, spec_for(("batch", None, "act_heads", None)))
-        row_spec = NamedSharding(mesh, spec_for(("batch",)))
-        shape = (tcfg.num_layers, cfg.rows, cfg.max_context, tcfg.num_kv_heads, tcfg.head_dim)
-        self.cache_bytes = 2 * int(np.prod(shape)) * jnp.dtype(dtype).itemsize
-        _check_memory(self.cache_bytes, mesh, cfg)
+        draft_spec = NamedSharding(mesh, spec_for(("batch", None, None, None)))
+        self.memory = memory_estimate(tcfg, cfg, dtype, spec)
+        self.cache_bytes = self.memory["cache"]
+        check_memory(self.memory, mesh)
         layers = [cache_spec] * tcfg.num_layers
+        draft_dtype = spec and spec.draft_w.fc.dtype
         with use_mesh(mesh):
             self.cache = jax.jit(lambda: target.RowCache.zeros(tcfg, cfg.rows, cfg.max_context,
                                                                dtype),
                                  out_shardings=target.RowCache(layers, layers))()
-            self.state = jax.jit(lambda: RowState.empty(cfg.rows),
-                                 out_shardings=jax.tree.map(lambda _: row_spec,
-                                                            RowState.empty(1)))()
-        self._prefill, self._decode = _programs(tcfg, cfg.sampling)
+            hidden = spec.dcfg.hidden_size if spec else 0
+            self.state = jax.jit(
+                lambda: RowState.empty(cfg.rows, hidden, draft_dtype or jnp.float32),
+                out_shardings=jax.tree.map(
+                    lambda x: NamedSharding(mesh, spec_for(("batch",) + (None,) * (x.ndim - 1))),
+                    RowState.empty(1, hidden)))()
+            self.dcache = None if spec is None else jax.jit(
+                lambda: draft_cache.DraftKV.zeros(spec.dcfg, cfg.rows, cfg.max_context,
+                                                  draft_dtype),
+                out_shardings=draft_cache.DraftKV(draft_spec, draft_spec))()
+        self._prefill, self._step = _programs(
+            tcfg, cfg.sampling, spec and (spec.dcfg, spec.dec), data)
         self._repeats = cfg.repetition and Detector(cfg.repetition, cfg.rows)
-
-    # ---- host side --------------------------------------------------------------------------
 
     @property
     def busy(self) -> bool:
@@ -320,15 +365,20 @@ class Engine:
     def free_rows(self) -> int:
         return sum(r is None for r in self.rows)
 
+    @property
+    def verified(self) -> int:
+        """Slots one device step writes per row past its newest token."""
+        return self.spec.dec.verified if self.spec else 1
+
     def step(self, queue: collections.deque[Request]) -> list[Completion]:
         """Admits requests from the left of `queue` into free rows, prefills them, runs one
-        decode program if any row is live; returns the completions, in row order."""
+        device program if any row is live; returns the completions, in row order."""
         done: list[Completion] = []
         admitted = []
         for i, row in enumerate(self.rows):
             if row is None and queue:
                 request = queue.popleft()
-                self._check(request)
+                self.check(request)
                 self.rows[i] = _Row(request, [], len(request.prompt))
                 admitted.append(i)
                 if self._repeats:
@@ -336,15 +386,19 @@ class Engine:
         if admitted:
             done += self._prefill_rows(admitted)
         if any(r is not None and r.remaining_prompt == 0 for r in self.rows):
-            done += self._decode_rows(waiting=bool(queue))
+            done += self._run_rows(waiting=bool(queue))
         return done
 
-    def _check(self, r: Request) -> None:
+    def check(self, r: Request) -> None:
+        """Refuses a request that cannot fit a row: its prompt, its answer and one device
+        step's writes past the answer's last committed token."""
+        extra = self.verified if self.spec else 0
         if not r.prompt:
             raise ValueError(f"request {r.handle!r}: empty prompt")
-        if not 1 <= r.max_new_tokens <= self.cfg.max_context - len(r.prompt):
+        if not 1 <= r.max_new_tokens <= self.cfg.max_context - len(r.prompt) - extra:
+            more = f" + one verify's {extra}" if extra else ""
             raise ValueError(f"request {r.handle!r}: {len(r.prompt)} prompt tokens + "
-                             f"{r.max_new_tokens} new do not fit {self.cfg.max_context}")
+                             f"{r.max_new_tokens} new{more} do not fit {self.cfg.max_context}")
 
     def _prefill_rows(self, rows: list[int]) -> list[Completion]:
         done = []
@@ -369,22 +423,25 @@ class Engine:
 
     def _prefill_group(self, members, start, first, t, window) -> list[Completion]:
         c = self.cfg.rows
-        p = min(_rows_bucket(len(members), max(batch_ways(self.mesh), c // 16)), c)
-        tokens = np.zeros((p, t), np.int32)
+        p = min(rows_bucket(len(members), max(batch_ways(self.mesh), c // 16)), c)
+        tokens, following = np.zeros((p, t), np.int32), np.zeros((p, t), np.int32)
         rows = np.full((p,), c, np.int32)  # padding rows write nowhere
         starts, lengths = np.zeros((p,), np.int32), np.ones((p,), np.int32)
         limits, seeds = np.ones((p,), np.int32), np.zeros((p,), np.uint32)
         for j, i in enumerate(members):
             r = self.rows[i].request
             piece = list(r.prompt[start[i]: start[i] + t])
-            tokens[j, : len(piece)] = piece
+            after = list(r.prompt[start[i] + 1: start[i] + t + 1])
+            tokens[j, : len(piece)], following[j, : len(after)] = piece, after
             rows[j], starts[j], lengths[j] = i, start[i], len(r.prompt)
             limits[j], seeds[j] = r.max_new_tokens, np.uint32(r.seed & 0xFFFFFFFF)
         self.programs.add(("prefill", p, t, window))
+        spec = self.spec
         with use_mesh(self.mesh):
-            self.cache, self.state, first_tokens = self._prefill(
-                self.w, self.cache, self.state, self.base_key, self.stop_ids,
-                jnp.asarray(tokens), jnp.asarray(rows), jnp.asarray(starts),
+            self.cache, self.dcache, self.state, first_tokens = self._prefill(
+                self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
+                self.state, self.base_key, self.stop_ids, jnp.asarray(tokens),
+                jnp.asarray(following), jnp.asarray(rows), jnp.asarray(starts),
                 jnp.asarray(lengths), jnp.asarray(limits), jnp.asarray(seeds),
                 first=first, window=window or t)
         first_tokens = np.asarray(jax.device_get(first_tokens))
@@ -394,26 +451,36 @@ class Engine:
             row.remaining_prompt = max(0, len(row.request.prompt) - start[i] - t)
             if row.remaining_prompt == 0:
                 started[i] = [int(first_tokens[j])]
-        return self._emit_rows(started)
+        return self._emit_rows(started, {})
 
-    def _decode_rows(self, waiting: bool) -> list[Completion]:
+    def _run_rows(self, waiting: bool) -> list[Completion]:
         steps = self.cfg.sync_every
         longest = max(len(r.request.prompt) + len(r.tokens) for r in self.rows
                       if r is not None and r.remaining_prompt == 0)
-        window = window_bucket(longest + steps, self.cfg.max_context)
-        self.programs.add(("decode", self.cfg.rows, steps, window))
+        # the furthest slot a live row can write in this program: each step commits at most
+        # K+1 tokens (plain: 1) and writes `verified` from its newest token's slot
+        per_step = self.spec.dec.steps + 1 if self.spec else 1
+        window = window_bucket(longest + steps * per_step + self.verified - per_step,
+                               self.cfg.max_context)
+        self.programs.add(("verify" if self.spec else "decode", self.cfg.rows, steps, window))
+        spec = self.spec
         with use_mesh(self.mesh):
-            self.cache, self.state, out, ran = self._decode(
-                self.w, self.cache, self.state, self.base_key, self.stop_ids,
-                jnp.asarray(waiting), steps=steps, window=window)
-        out, ran = jax.device_get((out, ran))
-        self.decode_steps += int(ran)
+            self.cache, self.dcache, self.state, out, accepted, ran = self._step(
+                self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
+                self.state, self.base_key, self.stop_ids, jnp.asarray(waiting), steps=steps,
+                window=window)
+        out, accepted, ran = jax.device_get((out, accepted, ran))
+        self.device_steps += int(ran)
         out = np.asarray(out)
-        return self._emit_rows({i: [int(x) for x in out[i] if x >= 0]
-                                for i, row in enumerate(self.rows)
-                                if row is not None and row.remaining_prompt == 0})
+        live = [i for i, row in enumerate(self.rows) if row is not None
+                and row.remaining_prompt == 0]
+        return self._emit_rows({i: [int(x) for x in out[i].reshape(-1) if x >= 0]
+                                for i in live},
+                               {} if accepted is None else
+                               {i: [int(a) for a in accepted[i] if a >= 0] for i in live})
 
-    def _emit_rows(self, new: dict[int, list[int]]) -> list[Completion]:
+    def _emit_rows(self, new: dict[int, list[int]], accepts: dict[int, list[int]]
+                   ) -> list[Completion]:
         """Each row's new tokens, cut after a repetition when one completed among them."""
         loops = [None] * len(new)
         k = max(map(len, new.values()), default=0)  # a row with fewer tokens has finished
@@ -422,13 +489,15 @@ class Engine:
                                                    for t in new.values()])
         done = []
         for (i, tokens), loop in zip(new.items(), loops, strict=True):
+            self.rows[i].accepts += accepts.get(i, [])
             done += self._emit(i, tokens, loop)
         return done
 
     def _emit(self, i: int, tokens: list[int], loop: int | None = None) -> list[Completion]:
         """Appends a row's new tokens; retires it when a stop token or its limit ends it (the
-        device applied the same rule, so the row is already idle there), or at the `loop`-th
-        token, which completed a repetition."""
+        device applied the same rule, so the row is already idle there; a verify step may
+        pass the limit: those tokens were never the answer's), or at the `loop`-th token,
+        which completed a repetition."""
         row = self.rows[i]
         for n, tok in enumerate(tokens, start=1):
             row.tokens.append(tok)
@@ -438,33 +507,70 @@ class Engine:
                 self.rows[i] = None
                 reason = "stop" if stopped else "repetition" if n == loop else "length"
                 return [Completion(row.request.handle, len(row.request.prompt), row.tokens,
-                                   reason)]
+                                   reason, row.accepts)]
         return []
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """Every request to completion; completions in the order of `requests`."""
-        return run_to_completion(self, requests)
+        queue = collections.deque(requests)
+        by_handle: dict[Any, Completion] = {}
+        while queue or self.busy:
+            for c in self.step(queue):
+                by_handle[c.handle] = c
+        return [by_handle[r.handle] for r in requests]
 
 
-def run_to_completion(engine, requests: Sequence[Request]) -> list:
-    """Feeds `requests` to an engine's `step(queue)` until it is idle (`busy` false); the
-    completions in the order of `requests`. Both engines (plain and speculative) use it."""
-    queue = collections.deque(requests)
-    by_handle: dict[Any, Completion] = {}
-    while queue or engine.busy:
-        for c in engine.step(queue):
-            by_handle[c.handle] = c
-    return [by_handle[r.handle] for r in requests]
+class OutOfMemory(ResourceError):
+    """The engine's caches and a device step's temporaries do not fit the free memory (the
+    pre-flight estimate): the job says which of its options to lower (jobs/common)."""
 
 
-def _check_memory(cache_bytes: int, mesh: Mesh, cfg: EngineConfig) -> None:
-    """Refuses a cache that cannot fit, before allocating it (GPU/TPU report their limit)."""
+def memory_estimate(tcfg: TargetConfig, cfg: EngineConfig, dtype: Any,
+                    spec: Speculation | None = None) -> dict[str, int]:
+    """Bytes over all devices: the target and draft caches, and the largest temporaries of a
+    device step at the full window (measured on XLA's programs: every layer's window of keys
+    and values copied out of the cache is live at once, plus one layer's scores and the fp32
+    logits with their softmax and sort) and of a prefill piece (its scores and activations).
+    Cheap: arithmetic only, no compilation."""
+    c, s, item = cfg.rows, cfg.max_context, jnp.dtype(dtype).itemsize
+    t = spec.dec.verified if spec else 1
+    kv = 2 * tcfg.num_kv_heads * tcfg.head_dim * item  # one slot's keys and values, one layer
+    cache = tcfg.num_layers * c * s * kv
+    if spec is not None:
+        cache += c * s * 2 * spec.dcfg.num_kv_heads * spec.dcfg.head_dim * \
+            jnp.dtype(spec.draft_w.fc.dtype).itemsize
+    step = (tcfg.num_layers * c * s * kv + c * t * tcfg.num_heads * s * 4
+            + 3 * c * t * tcfg.vocab_size * 4)
+    p, piece = max(1, c // 16), min(cfg.prefill_chunk, s)
+    prefill = (p * piece * tcfg.num_heads * s * 4 + 4 * p * piece * tcfg.intermediate_size
+               * item + p * tcfg.vocab_size * 4)
+    return {"cache": cache, "temporaries": max(step, prefill)}
+
+
+def free_bytes(mesh: Mesh) -> int | None:
+    """Free memory of one device: what it reports, capped by EAGLE3KIT_DEVICE_MEMORY (bytes,
+    or with a K/M/G/T suffix: plan as if each device had that much, e.g. to leave room for
+    another process). None where neither says (CPU)."""
     stats = mesh.devices.flat[0].memory_stats() or {}
-    limit = stats.get("bytes_limit")
-    per_device = cache_bytes / mesh.devices.size
-    if limit and per_device > 0.9 * (limit - stats.get("bytes_in_use", 0)):
-        raise ResourceError(
-            f"the KV cache of {cfg.rows} rows x {cfg.max_context} positions needs "
-            f"{per_device / 2**30:.1f} GiB per device, more than is free "
-            f"({(limit - stats.get('bytes_in_use', 0)) / 2**30:.1f} GiB); lower --slots or "
-            "--max-context")
+    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0) if "bytes_limit" in stats \
+        else None
+    given = os.environ.get("EAGLE3KIT_DEVICE_MEMORY", "").strip()
+    if given:
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", given.upper())
+        if not m:
+            raise UserError(f"EAGLE3KIT_DEVICE_MEMORY={given!r}: expected bytes, e.g. 24G "
+                                "or 24GiB")
+        cap = int(float(m[1]) * 1024 ** " KMGT".index(m[2] or " "))
+        free = cap if free is None else min(free, cap)
+    return free
+
+
+def check_memory(need: dict[str, int], mesh: Mesh) -> None:
+    """Refuses caches and step temporaries that cannot fit, before allocating anything."""
+    free = free_bytes(mesh)
+    per_device = sum(need.values()) / mesh.devices.size
+    if free is not None and per_device > 0.9 * free:
+        gib = {k: v / mesh.devices.size / 2**30 for k, v in need.items()}
+        raise OutOfMemory(f"the KV cache ({gib['cache']:.2f} GiB) and a step's temporaries "
+                          f"({gib['temporaries']:.2f} GiB) need {per_device / 2**30:.2f} GiB "
+                          f"per device, more than the {free / 2**30:.2f} GiB free")

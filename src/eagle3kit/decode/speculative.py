@@ -1,13 +1,17 @@
-"""Speculative decoding with an EAGLE3 draft, and plain decoding of the same target, on device.
+"""Speculative decoding with an EAGLE3 draft: the device side of the engine's speculative step.
 
-One verify step (committed x_0..x_n, x_n the target's newest token):
+One verify step of every row (committed x_0..x_n, x_n the row's newest token, at slot n):
 
-    1. the draft proposes d_1..d_K as a chain from column n-1 (decode/draft_cache.py);
-    2. the target runs [x_n, d_1..d_K] at positions n..n+K in one forward with its KV cache;
-    3. the longest agreeing prefix d_1..d_a is accepted, plus one token of the target's own
-       (at temperature 0 its argmax after d_a: the output equals plain greedy decoding);
-    4. the draft's step-0 entries of columns n..n+a are recomputed from the target's states of
-       that verify forward (`extend` over all K+1 columns; the rest is never read).
+    1. the draft proposes d_1..d_K as a chain from column n-1 (decode/draft_cache.py), or a
+       tree of N nodes under x_n (decode/tree.py);
+    2. the target runs every row's [x_n, d_1..d_K] (or the tree's N tokens, each at position
+       n + depth under its ancestors' mask) in ONE batched `target.forward_rows`, the new
+       keys written at slots n..n+K of the row;
+    3. per row, the longest agreeing prefix d_1..d_a is accepted, plus one token of the
+       target's own (at temperature 0 its argmax after d_a: the output equals plain greedy
+       decoding); a tree's accepted path has its keys moved to slots n..n+a;
+    4. the draft's step-0 entries of columns n..n+a are recomputed from the target's states
+       of that verify forward (`extend` over all K+1 columns; the rest is never read).
 
 Temperature > 0 uses the speculative-sampling rule (Leviathan et al. 2023, Chen et al. 2023):
 accept d_j with probability min(1, p(d_j) / q(d_j)), else draw the target's token from
@@ -16,9 +20,10 @@ distributed exactly as sampling from the target alone. Trees (topk > 1) verify w
 `tree.accept_greedy` or, above temperature 0, `tree.accept_sampled` (tree speculative
 sampling, equally exact).
 
-Both loops are one `lax.while_loop` each with static shapes (the prompt padded to a bucket,
-K+1 tokens per verify), so the host never syncs per token. Shapes: P padded prompt, S cache
-slots, V target vocab, Vd draft vocab, K draft tokens per step, D hidden.
+The draft side is per row (`vmap`ped: each row drafts from its own column with its own
+cache), the target side batched over the rows. Shapes: C rows, S cache slots, V target
+vocab, Vd draft vocab, K draft tokens per step, T = K + 1 (chain) or N (tree) verified
+tokens, D hidden, A captured width.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ import jax.numpy as jnp
 
 from eagle3kit.core import draft, target
 from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.sharding import RULES
 from eagle3kit.core.ttt import VocabArrays
 from eagle3kit.decode import draft_cache, tree
+from eagle3kit.decode.sampling import pick
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +59,11 @@ class DecodeConfig:
     def is_tree(self) -> bool:
         return self.topk > 1
 
+    @property
+    def verified(self) -> int:
+        """Tokens one verify step writes per row: K + 1, or a tree's N."""
+        return self.nodes if self.is_tree else self.steps + 1
+
     def check(self) -> None:
         """Raises ValueError for shapes SGLang would refuse too."""
         most = tree.candidate_count(self.steps, self.topk) + 1
@@ -65,29 +77,18 @@ class DecodeConfig:
                              f"steps of top-{self.topk} propose {most - 1} candidates")
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class Generation:
-    """What one prompt's loop returns (device arrays)."""
+@dataclasses.dataclass(frozen=True)
+class Speculation:
+    """What the engine needs to decode speculatively: the draft, its vocabulary and the
+    drafting shape (`dec.temperature` is the engine's sampling temperature)."""
 
-    tokens: Any  # S int32: the prompt, then the generated tokens, valid below `length`
-    length: Any  # int32: prompt + generated tokens (a stop token may end them earlier)
-    accepted: Any  # M int32: draft tokens accepted at each verify step, M = max_new_tokens
-    verify_steps: Any  # int32: target forwards after the prefill
+    dcfg: DraftConfig
+    draft_w: Any
+    vocab: VocabArrays
+    dec: DecodeConfig
 
 
 # ---- acceptance rules (pure; tested on their own) -------------------------------------------
-
-
-def pick(logits_V: jax.Array, key: jax.Array, temperature: float
-         ) -> tuple[jax.Array, jax.Array | None]:
-    """A token from logits: argmax at temperature 0, else a sample; and its distribution."""
-    if temperature == 0:
-        return jnp.argmax(logits_V, axis=-1).astype(jnp.int32), None
-    scaled = logits_V.astype(jnp.float32) / temperature
-    return (jax.random.categorical(key, scaled).astype(jnp.int32),
-            jax.nn.softmax(scaled, axis=-1))
-
 
 def accept_greedy(target_logits_JxV: jax.Array, draft_ids_K: jax.Array
                   ) -> tuple[jax.Array, jax.Array]:
@@ -121,35 +122,11 @@ def accept_sampled(key: jax.Array, target_logits_JxV: jax.Array, draft_probs_KxV
     return a, jax.random.categorical(r_key, jnp.log(residual)).astype(jnp.int32)
 
 
-# ---- the loops ------------------------------------------------------------------------------
+# ---- the device step ----------------------------------------------------------------------
 
 
-def _logits(target_w: target.TargetWeights, hidden_1xTxD: jax.Array) -> jax.Array:
-    """[T, V] target logits, accumulated and returned in fp32 for both loops alike: 16-bit
-    logits tie often at the top, and sampling wants fp32 probabilities anyway."""
-    return jnp.einsum("btd,dv->btv", hidden_1xTxD, target.lm_head_weight(target_w),
-                      preferred_element_type=jnp.float32)[0]
-
-
-def _prefill(target_w, tcfg: TargetConfig, aux_ids, prompt_P, prompt_len, cache_len, key,
-             temperature):
-    """Target forward over the padded prompt -> (output, cache, first generated token)."""
-    cache = target.KVCache.zeros(tcfg, 1, cache_len, target_w.embed.dtype)
-    out, cache = target.forward_cached(target_w, tcfg, prompt_P[None], jnp.int32(0), cache,
-                                       aux_ids)
-    last = jax.lax.dynamic_slice_in_dim(out.hidden_BxTxD, prompt_len - 1, 1, axis=1)
-    first, _ = pick(_logits(target_w, last)[0], key, temperature)
-    return out, cache, first
-
-
-def _stopped(new_J: jax.Array, count: jax.Array, stop_ids: jax.Array) -> jax.Array:
-    """Whether one of the first `count` new tokens is a stop token."""
-    hit = (new_J[:, None] == stop_ids[None, :]).any(-1)
-    return (hit & (jnp.arange(new_J.shape[0]) < count)).any()
-
-
-def _draft_chain(draft_w, dcfg: DraftConfig, target_w, vocab: VocabArrays, h_1x1xD, n, cache,
-                 key, steps: int, temperature: float):
+def draft_chain(draft_w, dcfg: DraftConfig, target_w, vocab: VocabArrays, h_1x1xD, n, cache,
+                key, steps: int, temperature: float):
     """K draft tokens from column n-1 -> (draft indices [K], their q [K,Vd] or None, cache)."""
     keys = jax.random.split(key, steps)
     first, q0 = pick(draft.head(draft_w, dcfg, h_1x1xD)[0, 0], keys[0], temperature)
@@ -169,115 +146,87 @@ def _draft_chain(draft_w, dcfg: DraftConfig, target_w, vocab: VocabArrays, h_1x1
     return idx, probs, cache
 
 
-def _verify_chain(target_w, draft_w, vocab, x_n, h_last, n, tcache, dcache, key, *, tcfg,
-                  dcfg, dec):
-    """One chain verify step -> (new tokens [K+1], accepted a, the target's output over the
-    K+1 verified columns, caches)."""
-    k = dec.steps
-    draft_key, accept_key = jax.random.split(key)
-    idx, probs, dcache = _draft_chain(draft_w, dcfg, target_w, vocab, h_last, n, dcache,
-                                      draft_key, k, dec.temperature)
-    ids = vocab.draft_to_target[idx]
-    verify = jnp.concatenate([x_n[None], ids])
-    out, tcache = target.forward_cached(target_w, tcfg, verify[None], n, tcache,
-                                        dcfg.aux_layer_ids)
-    logits = _logits(target_w, out.hidden_BxTxD)
-    if dec.temperature == 0:
-        a, bonus = accept_greedy(logits, ids)
+def rows_vmap(f, data: int):
+    """`vmap` over the rows, which stay split over the mesh's `data` axis inside."""
+    return jax.vmap(f, spmd_axis_name=RULES["batch"] if data > 1 else None)
+
+
+def _row_cache(cache: draft_cache.DraftKV) -> draft_cache.DraftKV:
+    return draft_cache.DraftKV(cache.k[None], cache.v[None])
+
+
+def _unrow(cache: draft_cache.DraftKV) -> draft_cache.DraftKV:
+    return draft_cache.DraftKV(cache.k[0], cache.v[0])
+
+
+def extend_rows(spec: Speculation, target_w, aux_CxTxA, next_CxT, start_C, h_at_C,
+                dcache: draft_cache.DraftKV, data: int):
+    """The draft's step-0 entries of columns start..start+T-1 of each row ->
+    (the h of column start + h_at [C,1,D], the draft cache [C,S,Kd,H])."""
+    def one(aux, nxt, start, at, k, v):
+        h, c = draft_cache.extend(spec.draft_w, spec.dcfg, target_w, aux[None], nxt[None],
+                                  start, draft_cache.DraftKV(k[None], v[None]))
+        return jax.lax.dynamic_slice_in_dim(h[0], at, 1, axis=0), c.k[0], c.v[0]
+
+    h, k, v = rows_vmap(one, data)(aux_CxTxA, next_CxT, start_C, h_at_C, dcache.k, dcache.v)
+    return h, draft_cache.DraftKV(k, v)
+
+
+def verify_rows(spec: Speculation, tcfg: TargetConfig, target_w: target.LayerList,
+                tcache: target.RowCache, dcache: draft_cache.DraftKV, token_C, n_C, h_C,
+                keys_C, *, window: int, data: int):
+    """One verify step of every row (module docstring) -> (new tokens [C, K+1] (new[j] is
+    x_{n+j+1}, valid for j <= a), accepted a [C], the draft's h of column n+a [C,1,D],
+    target cache, draft cache)."""
+    dec, dcfg, draft_w, vocab = spec.dec, spec.dcfg, spec.draft_w, spec.vocab
+    c = token_C.shape[0]
+    keys = jax.vmap(jax.random.split)(keys_C)
+    draft_keys, accept_keys = keys[:, 0], keys[:, 1]
+    if dec.is_tree:
+        def grow(h, x_n, n, k, v):
+            return tree.draft_tree(draft_w, dcfg, target_w, vocab, h[None], x_n, n,
+                                   draft_cache.DraftKV(k[None], v[None]), steps=dec.steps,
+                                   topk=dec.topk, nodes=dec.nodes)
+
+        t = rows_vmap(grow, data)(h_C, token_C, n_C, dcache.k, dcache.v)
+        tokens, positions, block = t.tokens, n_C[:, None] + t.depth, t.ancestors
     else:
-        a, bonus = accept_sampled(accept_key, logits, probs, idx, vocab.draft_to_target,
-                                  dec.temperature)
-    new = jnp.where(jnp.arange(k + 1) < a, jnp.concatenate([ids, bonus[None]]), bonus)
-    return new, a, out, tcache, dcache
+        def chain(h, n, key, k, v):
+            idx, probs, cache = draft_chain(draft_w, dcfg, target_w, vocab, h[None], n,
+                                            draft_cache.DraftKV(k[None], v[None]), key,
+                                            dec.steps, dec.temperature)
+            return idx, probs, cache.k[0], cache.v[0]
 
+        idx, probs, dk, dv = rows_vmap(chain, data)(h_C, n_C, draft_keys, dcache.k, dcache.v)
+        dcache = draft_cache.DraftKV(dk, dv)
+        ids = vocab.draft_to_target[idx]
+        tokens = jnp.concatenate([token_C[:, None], ids], axis=1)
+        positions, block = n_C[:, None] + jnp.arange(dec.steps + 1)[None, :], None
+    out, tcache = target.forward_rows(target_w, tcfg, tokens, positions, tcache, prefix_B=n_C,
+                                      block_mask_BxTxT=block, window=window,
+                                      aux_layer_ids=dcfg.aux_layer_ids)
+    logits = jnp.einsum("btd,dv->btv", out.hidden_BxTxD, target.lm_head_weight(target_w),
+                        preferred_element_type=jnp.float32)
+    k1 = jnp.arange(dec.steps + 1)
+    if dec.is_tree:
+        def accept(key, lg, t):
+            if dec.temperature == 0:
+                return tree.accept_greedy(lg, t, dec.steps)
+            return tree.accept_sampled(key, lg, t, dec.steps, dec.temperature)
 
-def _verify_tree(target_w, draft_w, vocab, x_n, h_last, n, tcache, dcache, key, *, tcfg,
-                 dcfg, dec):
-    """One tree verify step, returning what `_verify_chain` does: the target's output is
-    gathered along the accepted path and its keys moved to slots n..n+a. The tree is the
-    draft's top-k either way; above temperature 0 only the acceptance samples."""
-    t = tree.draft_tree(draft_w, dcfg, target_w, vocab, h_last, x_n, n, dcache,
-                        steps=dec.steps, topk=dec.topk, nodes=dec.nodes)
-    out, tcache = tree.forward_tree(target_w, tcfg, t, n, tcache, dcfg.aux_layer_ids)
-    logits = _logits(target_w, out.hidden_BxTxD)
-    if dec.temperature == 0:
-        path, a, bonus = tree.accept_greedy(logits, t, dec.steps)
+        path, a, bonus = rows_vmap(accept, data)(accept_keys, logits, t)
+        tcache = tree.commit_paths(tcache, path, n_C)
+        ids = jnp.take_along_axis(t.tokens, jnp.roll(path, -1, axis=1), axis=1)
+        aux = jnp.take_along_axis(out.aux_BxTxA, path[:, :, None], axis=1)
     else:
-        path, a, bonus = tree.accept_sampled(key, logits, t, dec.steps, dec.temperature)
-    tcache = tree.commit_path(tcache, path, n)
-    ids = t.tokens[jnp.roll(path, -1)]  # the path's tokens after the root
-    new = jnp.where(jnp.arange(dec.steps + 1) < a, ids, bonus)
-    out = target.TargetOutput(out.hidden_BxTxD[:, path], out.aux_BxTxA[:, path])
-    return new, a, out, tcache, dcache
+        def accept(key, lg, d_ids, q, d_idx):
+            if dec.temperature == 0:
+                return accept_greedy(lg, d_ids)
+            return accept_sampled(key, lg, q, d_idx, vocab.draft_to_target, dec.temperature)
 
-
-def speculative_generate(target_w: target.TargetWeights, draft_w: draft.DraftWeights,
-                         vocab: VocabArrays, prompt_P: jax.Array, prompt_len: jax.Array,
-                         limit: jax.Array, stop_ids: jax.Array, key: jax.Array, *,
-                         tcfg: TargetConfig, dcfg: DraftConfig, dec: DecodeConfig,
-                         cache_len: int) -> Generation:
-    """Speculative decoding of one prompt (`prompt_P` padded, first `prompt_len` real) until
-    a stop token or `limit` (<= dec.max_new_tokens) new tokens."""
-    m = prompt_len
-    key, prefill_key = jax.random.split(key)
-    out, tcache, first = _prefill(target_w, tcfg, dcfg.aux_layer_ids, prompt_P, m, cache_len,
-                                  prefill_key, dec.temperature)
-    tokens = jnp.zeros((cache_len,), jnp.int32).at[: prompt_P.shape[0]].set(prompt_P)
-    tokens = tokens.at[m].set(first)
-    # step-0 entries of the prompt: column t reads x_{t+1}; the last one the first new token
-    next_tokens = jnp.roll(prompt_P, -1).at[m - 1].set(first)
-    dcache = draft_cache.DraftKV.zeros(dcfg, 1, cache_len, draft_w.fc.dtype)
-    h, dcache = draft_cache.extend(draft_w, dcfg, target_w, out.aux_BxTxA, next_tokens[None],
-                                   jnp.int32(0), dcache)
-    h_last = jax.lax.dynamic_slice_in_dim(h, m - 1, 1, axis=1)
-    accepted = jnp.full((dec.max_new_tokens,), -1, jnp.int32)
-    done = _stopped(first[None], 1, stop_ids) | (limit <= 1)
-    state = (tcache, dcache, tokens, m, h_last, accepted, jnp.int32(0), done)
-
-    verify = _verify_tree if dec.is_tree else _verify_chain
-
-    def body(state):
-        tcache, dcache, tokens, n, h_last, accepted, it, _ = state
-        new, a, out, tcache, dcache = verify(
-            target_w, draft_w, vocab, tokens[n], h_last, n, tcache, dcache,
-            jax.random.fold_in(key, it), tcfg=tcfg, dcfg=dcfg, dec=dec)
-        tokens = jax.lax.dynamic_update_slice(tokens, new, (n + 1,))
-        # new[j] is x_{n+j+1}, the token column n+j reads; columns past a are never read
-        h, dcache = draft_cache.extend(draft_w, dcfg, target_w, out.aux_BxTxA, new[None], n,
-                                       dcache)
-        h_last = jax.lax.dynamic_slice_in_dim(h, a, 1, axis=1)
-        n = n + a + 1
-        done = _stopped(new, a + 1, stop_ids) | (n + 1 - m >= limit)
-        return (tcache, dcache, tokens, n, h_last, accepted.at[it].set(a), it + 1, done)
-
-    state = jax.lax.while_loop(lambda s: ~s[-1], body, state)
-    _, _, tokens, n, _, accepted, it, _ = state
-    return Generation(tokens, n + 1, accepted, it)
-
-
-def plain_generate(target_w: target.TargetWeights, prompt_P: jax.Array, prompt_len: jax.Array,
-                   limit: jax.Array, stop_ids: jax.Array, key: jax.Array, *, tcfg: TargetConfig,
-                   dec: DecodeConfig, cache_len: int, aux_layer_ids: tuple[int, ...]
-                   ) -> Generation:
-    """Plain autoregressive decoding of the target: one token per forward (the baseline)."""
-    m = prompt_len
-    key, prefill_key = jax.random.split(key)
-    _, cache, first = _prefill(target_w, tcfg, aux_layer_ids, prompt_P, m, cache_len,
-                               prefill_key, dec.temperature)
-    tokens = jnp.zeros((cache_len,), jnp.int32).at[: prompt_P.shape[0]].set(prompt_P)
-    tokens = tokens.at[m].set(first)
-    done = _stopped(first[None], 1, stop_ids) | (limit <= 1)
-
-    def body(state):
-        cache, tokens, n, it, _ = state
-        out, cache = target.forward_cached(target_w, tcfg, tokens[n][None, None], n, cache,
-                                           aux_layer_ids)
-        token, _ = pick(_logits(target_w, out.hidden_BxTxD)[0], jax.random.fold_in(key, it),
-                        dec.temperature)
-        tokens = tokens.at[n + 1].set(token)
-        done = _stopped(token[None], 1, stop_ids) | (n + 2 - m >= limit)
-        return cache, tokens, n + 1, it + 1, done
-
-    cache, tokens, n, it, _ = jax.lax.while_loop(lambda s: ~s[-1], body,
-                                                 (cache, tokens, m, jnp.int32(0), done))
-    return Generation(tokens, n + 1, jnp.zeros((0,), jnp.int32), it)
+        a, bonus = rows_vmap(accept, data)(accept_keys, logits, ids, probs, idx)
+        ids = jnp.concatenate([ids, jnp.zeros((c, 1), jnp.int32)], axis=1)
+        aux = out.aux_BxTxA
+    new = jnp.where(k1[None, :] < a[:, None], ids, bonus[:, None])
+    h, dcache = extend_rows(spec, target_w, aux, new, n_C, a, dcache, data)
+    return new, a, h, tcache, dcache

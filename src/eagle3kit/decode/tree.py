@@ -15,13 +15,14 @@ Of the k + (S-1)*k*k candidates the N-1 best by score become the tree, under the
 its parent and ties go to the lower index, which a parent always has, so the kept set holds
 every ancestor of every node it holds. Nodes are ordered by candidate index: parents first.
 
-The target verifies the N tokens in one forward: node t sits at position n + depth(t) and
-sees the committed prefix plus its ancestors and itself (`ancestors_NxN`). At temperature 0
+The target verifies the N tokens in one forward (`target.forward_rows`, the engine's verify):
+node t's keys go to slot n + t, its RoPE position is n + depth(t), and it sees the committed
+prefix plus its ancestors and itself (`ancestors_NxN`, the block mask over the new tokens). At temperature 0
 the accepted path is the deepest node whose every node equals the target's argmax after its
 parent; above 0 it is walked by tree speculative sampling (`accept_sampled`: each child in
 turn against the target's residual distribution, the draft's top-k taken as one-hot drafts,
 as SGLang's `tree_speculative_sampling_target_only` does). The path's keys are then moved
-to the contiguous slots n..n+a, and the draft's step-0 entries of those columns are
+to the contiguous slots n..n+a (`commit_paths`), and the draft's step-0 entries of those columns are
 recomputed from the target's states at the path's nodes.
 
 The draft's entries of tree nodes live in a small buffer of (S-1)*k rows beside its cache:
@@ -40,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from eagle3kit.core import draft, target
-from eagle3kit.core.config import DraftConfig, TargetConfig
+from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import attend
 from eagle3kit.core.ttt import VocabArrays
 from eagle3kit.decode.draft_cache import DraftKV
@@ -176,48 +177,19 @@ def _inverse_cdf(weights_V: jax.Array, u: jax.Array) -> jax.Array:
     return jnp.minimum(count, last_positive).astype(jnp.int32)
 
 
-def verify_mask(tree: Tree, start: jax.Array, slots: int) -> jax.Array:
-    """[N, slots]: node t sees the committed slots < start and its ancestors' slots."""
-    rel = jnp.arange(slots) - start
-    inside = (rel >= 0) & (rel < tree.depth.shape[0])
-    own = tree.ancestors[:, jnp.clip(rel, 0, tree.depth.shape[0] - 1)]
-    return (rel < 0)[None, :] | (inside[None, :] & own)
+def commit_paths(cache: target.RowCache, path_CxP: jax.Array, start_C: jax.Array
+                 ) -> target.RowCache:
+    """Moves the keys of each row's accepted path (slots start+path[j]) to slots start+j,
+    in every layer (row c of the cache is batch row c). Slots past the accepted depth get
+    the root's keys again: never read, overwritten by the next verify."""
+    rows = jnp.arange(path_CxP.shape[0])[:, None]
+    src = start_C[:, None] + path_CxP
+    dst = start_C[:, None] + jnp.arange(path_CxP.shape[1])[None, :]
 
+    def move(x):  # C,S,Kv,H; path[j] >= j, so reading all before writing is safe
+        return x.at[rows, dst].set(x[rows, src], mode="drop")
 
-def forward_tree(w: target.TargetWeights, cfg: TargetConfig, tree: Tree, start: jax.Array,
-                 cache: target.KVCache, aux_layer_ids: tuple[int, ...]
-                 ) -> tuple[target.TargetOutput, target.KVCache]:
-    """The target over the tree's N tokens of one row: node t's keys at slot start+t, its
-    RoPE position start + depth(t), attending under `verify_mask`."""
-    positions = (start + tree.depth)[None]
-    slots = cache.k.shape[2]
-    mask = verify_mask(tree, start, slots)[None]
-    # RoPE position of every key slot (sliding windows measure distances in positions):
-    # committed slots hold their own index, the tree's slots start + depth of their node
-    rel = jnp.arange(slots) - start
-    inside = (rel >= 0) & (rel < tree.depth.shape[0])
-    key_positions = jnp.where(inside, start + tree.depth[jnp.clip(rel, 0, tree.depth.shape[0]
-                                                                  - 1)], jnp.arange(slots))[None]
-
-    def kv_fn(k, v, layer, extra):
-        ck, cv = extra
-        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, start, 0, 0))
-        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, start, 0, 0))
-        return ck[layer], cv[layer], mask, key_positions, (ck, cv)
-
-    # the kv_fn seam of core/target.py, as forward_cached uses it, with a tree mask
-    out, (k, v) = target._scan_layers(w, cfg, tree.tokens[None], positions, aux_layer_ids,
-                                      kv_fn, (cache.k, cache.v))
-    return out, target.KVCache(k, v)
-
-
-def commit_path(cache: target.KVCache, path: jax.Array, start: jax.Array) -> target.KVCache:
-    """Moves the keys of the accepted path's nodes (slots start+path[j]) to slots start+j."""
-    def move(x):  # L,1,S,Kv,H; path[j] >= j, so reading all before writing is safe
-        return jax.lax.dynamic_update_slice(x, jnp.take(x, start + path, axis=2),
-                                            (0, 0, start, 0, 0))
-
-    return target.KVCache(move(cache.k), move(cache.v))
+    return target.RowCache([move(k) for k in cache.k], [move(v) for v in cache.v])
 
 
 # ---- drafting -------------------------------------------------------------------------------

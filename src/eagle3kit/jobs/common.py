@@ -44,10 +44,15 @@ def init_distributed(coordinator: str | None, num_processes: int | None,
 @contextlib.contextmanager
 def out_of_memory(shape: str, advice: str) -> Iterator[None]:
     """Turns XLA's out-of-memory inside the block (a runtime error saying RESOURCE_EXHAUSTED,
-    raised by an allocation or a program's temporaries) into a `ResourceError` (exit 4) that
+    raised by an allocation or a program's temporaries), and the generation engine's
+    pre-flight refusal (`decode.engine.OutOfMemory`), into a `ResourceError` (exit 4) that
     names the options of `shape` and what to lower."""
+    from eagle3kit.decode.engine import OutOfMemory
+
     try:
         yield
+    except OutOfMemory as e:
+        raise ResourceError(f"out of device memory for {shape}: {e}; {advice}") from None
     except Exception as e:
         if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
             raise ResourceError(f"out of device memory for {shape}: {advice}") from None

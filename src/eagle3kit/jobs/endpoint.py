@@ -4,8 +4,10 @@ Serving teams already run vLLM or SGLang; pointing `regenerate` at such a server
 work over its GPUs with nothing loaded here. Each conversation is one worker's job: its turns
 go to `POST /v1/chat/completions` in order (the server applies the model's chat template;
 `--thinking` is passed as `chat_template_kwargs.enable_thinking`), `--concurrency`
-conversations at a time. Records are written in input order as they finish and `--resume`
-works as with the local engine.
+requests in flight on worker threads. The conversation loop is the local engine's
+(decode/conversations.drive): `Server` offers the engine's `step(queue)`, so next turns of
+started conversations go first, records are written in input order as they finish and
+`--resume` works as with the local engine.
 
 Failures: a refused prompt (HTTP 400, typically longer than the server's context) ends that
 conversation where it stands, counted like a prompt over --max-context. A connection error,
@@ -16,6 +18,7 @@ with exit 4, keeping every record written (resume once the server is back).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import json
 import queue
@@ -99,6 +102,81 @@ def answer(client: Client, body: dict[str, Any]) -> tuple[str, int, int, str]:
         reason
 
 
+@dataclasses.dataclass
+class Asked:
+    """One turn sent to the server (the engine's `Request` for it)."""
+
+    handle: Any
+    body: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Answered:
+    """What came back (the engine's `Completion` for it): the answer, or why it was refused."""
+
+    handle: Any
+    text: str = ""
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    finish_reason: str = "stop"
+    refused: str | None = None  # the server's message when it answered 400
+
+
+class Server:
+    """An OpenAI-compatible server behind the engine's interface: `step(queue)` sends turns
+    from the left of `queue` while fewer than `concurrency` are in flight (daemon threads: a
+    stop never waits on them), waits up to `poll_s` for answers and returns those that came.
+    A connection failure after the client's retries is raised here."""
+
+    def __init__(self, client: Client, concurrency: int, poll_s: float = 0.2):
+        self.client, self.concurrency, self.poll_s = client, concurrency, poll_s
+        self.todo: queue.Queue = queue.Queue()
+        self.results: queue.Queue = queue.Queue()
+        self.in_flight = 0
+        self.threads: list[threading.Thread] = []
+
+    @property
+    def busy(self) -> bool:
+        return self.in_flight > 0
+
+    @property
+    def free_rows(self) -> int:
+        return self.concurrency - self.in_flight
+
+    def _work(self) -> None:
+        while True:
+            asked = self.todo.get()
+            try:
+                text, prompt_len, new, reason = answer(self.client, asked.body)
+                self.results.put((Answered(asked.handle, text, prompt_len, new, reason), None))
+            except Refused as e:
+                self.results.put((Answered(asked.handle, refused=str(e)), None))
+            except Exception as e:  # the main thread stops the run with it
+                self.results.put((None, e))
+
+    def step(self, pending: collections.deque) -> list[Answered]:
+        while pending and self.in_flight < self.concurrency:
+            self.todo.put(pending.popleft())
+            self.in_flight += 1
+            if len(self.threads) < self.in_flight:
+                self.threads.append(threading.Thread(target=self._work, daemon=True))
+                self.threads[-1].start()
+        done = []
+        try:
+            done.append(self.results.get(timeout=self.poll_s))
+            while True:
+                done.append(self.results.get_nowait())
+        except queue.Empty:
+            pass
+        out = []
+        for answered, error in done:
+            self.in_flight -= 1
+            if error is not None:
+                raise error
+            out.append(answered)
+        return out
+
+
 def run(cfg, records: list[ChatRecord], done: collections.Counter,
         previous: GenerationInfo | None, counts, console,
         earlier: collections.Counter | None = None):
@@ -114,7 +192,7 @@ def run(cfg, records: list[ChatRecord], done: collections.Counter,
     console.print(f"regenerate with {model} at {client.base}, {cfg.concurrency} "
                   "conversations at a time", soft_wrap=True)
 
-    def body(w: job.Work, msgs) -> dict[str, Any]:
+    def request(w: job.Work, msgs) -> Asked:
         b = {"model": model, "messages": [{"role": m.role, "content": m.content}
                                           for m in msgs],
              "temperature": cfg.temperature, "top_p": cfg.top_p,
@@ -123,62 +201,30 @@ def run(cfg, records: list[ChatRecord], done: collections.Counter,
             b["top_k"] = cfg.top_k  # vLLM's and SGLang's extension of the OpenAI API
         if cfg.thinking is not None:
             b["chat_template_kwargs"] = {"enable_thinking": cfg.thinking}
-        return b
+        return Asked((w, msgs), b)
 
-    def converse(w: job.Work) -> None:
-        while (msgs := w.dialogue.prompt()) is not None:
-            try:
-                text, prompt_len, new, reason = answer(client, body(w, msgs))
-            except Refused as e:
-                w.dialogue.stop(f"refused by the server ({e})" if not w.dialogue.turns
-                                else conv.TOO_LONG)
-                return
-            w.dialogue.answer(conv.Turn(text, prompt_len, new, reason))
-
-    todo: queue.Queue = queue.Queue()
-    results: queue.Queue = queue.Queue()
-    for w in work:
-        todo.put(w)
-
-    def worker() -> None:
-        while True:
-            try:
-                w = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                converse(w)
-                results.put((w, None))
-            except Exception as e:  # the main thread stops the run with it
-                results.put((w, e))
-                return
-
-    threads = [threading.Thread(target=worker, daemon=True)  # a stop never waits on them
-               for _ in range(min(cfg.concurrency, len(work)))]
     progress = job.Progress(console, len(work))
     try:
         with job.output_stream(cfg) as stream, Preemption(console.print, at=job.STOP_AT) as stop, progress:
             writer = job.OrderedWriter(stream)
             runner = job.Runner(cfg, work, None, info, writer, counts, progress)
-            for t in threads:
-                t.start()
+
+            def answered(w: job.Work, msgs, a: Answered) -> None:
+                if a.refused is not None:  # this conversation ends where it stands
+                    w.dialogue.stop(f"refused by the server ({a.refused})"
+                                    if not w.dialogue.turns else conv.TOO_LONG)
+                else:
+                    runner.answered(w, a.text, a.prompt_tokens, a.new_tokens, a.finish_reason)
+
+            def synced() -> None:
+                if stop.requested:
+                    raise Preempted(f"{stop.name}: stopped; finished conversations are "
+                                    "written, --resume continues")
+                progress.generated = counts.new_tokens
+
             try:
-                for _ in range(len(work)):
-                    while True:
-                        if stop.requested:
-                            raise Preempted(f"{stop.name}: stopped; finished conversations "
-                                            "are written, --resume continues")
-                        try:
-                            w, error = results.get(timeout=0.2)
-                            break
-                        except queue.Empty:
-                            continue
-                    if error is not None:
-                        raise error
-                    for t in w.dialogue.turns:
-                        counts.answered(t)
-                    progress.generated = counts.new_tokens
-                    runner.finish(w)
+                conv.drive(Server(client, cfg.concurrency), work, lambda w: w.dialogue.prompt(),
+                           request, answered, runner.finish, synced)
             finally:
                 writer.sync()
     finally:

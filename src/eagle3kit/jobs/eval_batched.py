@@ -1,11 +1,12 @@
-"""`eval --concurrency` and `eval --sweep`: speculative decoding at serving batch sizes.
+"""`eval --prompts` speeds, at batch 1 and at the `--concurrency` batch sizes, and `--sweep`.
 
-For each batch size B the answered prompts of the batch-1 run (every turn's prompt, with the
-earlier turns' answers in it) are decoded twice, both with continuous refill of B rows:
-speculatively (decode/spec_engine.py) and plainly (decode/engine.py, the target alone), same
-prompts, same max_new_tokens, so the speedup at B is measured, not assumed. Each run is done
-once untimed first (it compiles every program shape the timed run uses: the same requests
-take the same shapes), then timed end to end.
+For each batch size B the answered prompts (every turn's prompt, with the earlier turns'
+answers in it) are decoded twice by the one engine (decode/engine.py) with continuous refill
+of B rows: speculatively (with the draft) and plainly (the target alone), same prompts, same
+max_new_tokens, same request streams, so the speedup at B is measured, not assumed. Each run
+is done once untimed first (it compiles every program shape the timed run uses: the same
+requests take the same shapes), then timed: end to end, and at batch 1 one request at a time
+(each answer's own seconds).
 
 `--sweep` repeats the speculative half over a grid of drafting shapes (the plain baseline of
 each B is measured once) and names the fastest shape per B by measured speedup.
@@ -18,15 +19,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from eagle3kit.decode.acceptance import acceptance_summary
 from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling
-from eagle3kit.decode.runner import Decoder, acceptance_summary
-from eagle3kit.decode.spec_engine import SpecEngine, SpecEngineConfig
-from eagle3kit.decode.speculative import DecodeConfig
+from eagle3kit.decode.speculative import DecodeConfig, Speculation
 from eagle3kit.errors import UserError
 
 # chains K = 3, 5, 7 and SGLang-style trees S/k/N
 DEFAULT_SWEEP = "3;5;7;3/4/8;5/4/8;5/8/16"
-SPEC_SYNC = 8  # verify steps per device program (each emits 1..K+1 tokens)
+SPEC_SYNC = 8  # verify steps per device program (each emits 1..K+1 tokens), batch > 1
 PLAIN_SYNC = 32  # plain decode steps per device program
 
 
@@ -84,51 +84,63 @@ def best_per_batch(entries: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any
     return best
 
 
-def _slots(prompts: Sequence[Sequence[int]], max_new: int, decs: Sequence[DecodeConfig]) -> int:
-    need = max(len(p) for p in prompts) + max_new + max(max(d.steps, d.nodes) for d in decs) + 1
-    return -(-need // 128) * 128
+@dataclasses.dataclass
+class Setup:
+    """One target (per-layer weights, held once), its draft and the run's settings."""
+
+    tcfg: Any
+    target_w: Any  # target.LayerList
+    mesh: Any
+    stops: list[int]
+    draft: Speculation  # the draft and the drafting shape of the run
+    seed: int = 0
+
+    def engine(self, rows: int, slots: int, dec: DecodeConfig | None) -> Engine:
+        """Speculative with drafting shape `dec`, or plain with None."""
+        temperature = self.draft.dec.temperature
+        # one row waits for nobody: its programs run until it finishes (fewer host syncs)
+        sync = PLAIN_SYNC if dec is None or rows == 1 else SPEC_SYNC
+        return Engine(self.tcfg, self.target_w, self.mesh, self.stops, EngineConfig(
+            rows=rows, max_context=slots, sync_every=sync,
+            sampling=Sampling(temperature), seed=self.seed),
+            dataclasses.replace(self.draft, dec=dec) if dec else None)
 
 
-def _timed(engine, requests: list[Request], counter: str) -> tuple[Any, float, int]:
-    """(completions, seconds, device steps) of `engine` generating `requests`, timed on the
-    second run: the first compiles every shape (the same requests take the same shapes)."""
-    engine.generate(requests)
-    before = getattr(engine, counter)
-    t0 = time.perf_counter()
-    done = engine.generate(requests)
-    return done, time.perf_counter() - t0, getattr(engine, counter) - before
+def slots_for(prompts: Sequence[Sequence[int]], max_new: int, decs: Sequence[DecodeConfig]
+              ) -> int:
+    """Slots a row needs for the longest prompt, its answer and one verify: a power of two
+    from 256 (few cache shapes, so the engines of a run share their programs)."""
+    need = max(len(p) for p in prompts) + max_new + max(d.verified for d in decs)
+    return max(256, 1 << (need - 1).bit_length())
 
 
-def _requests(prompts: Sequence[Sequence[int]], max_new: int, seed: int) -> list[Request]:
-    return [Request(j, list(p), max_new, seed=seed + j) for j, p in enumerate(prompts)]
+def requests(prompts: Sequence[Sequence[int]], max_new: int) -> list[Request]:
+    """Request j gets sampling stream j, at every batch size (and in the batch-1 answers)."""
+    return [Request(j, list(p), max_new, seed=j) for j, p in enumerate(prompts)]
 
 
-def plain_speed(decoder: Decoder, prompts: Sequence[Sequence[int]], batch: int, slots: int,
-                seed: int) -> tuple[float, list[list[int]], int]:
-    """(tokens/s, answers, decode steps of the timed run) of the target alone with `batch`
-    rows. Its device programs end as the speculative engine's do (decode/engine.py): no step
-    runs once every row is done, so both sides do the same useful work and the speedup cannot
-    exceed tau for want of work on the baseline side."""
-    dec = decoder.dec
-    engine = Engine(decoder.tcfg, decoder.target_w, decoder.mesh,
-                    [int(s) for s in decoder.stop_ids if s >= 0],
-                    EngineConfig(rows=batch, max_context=slots, sync_every=PLAIN_SYNC,
-                                 sampling=Sampling(dec.temperature), seed=seed))
-    requests = _requests(prompts, dec.max_new_tokens, seed)
-    done, seconds, steps = _timed(engine, requests, "decode_steps")
-    return sum(len(c.tokens) for c in done) / seconds, [c.tokens for c in done], steps
+def timed(engine: Engine, todo: list[Request], one_by_one: bool = False
+          ) -> tuple[list, list[float], int]:
+    """(completions, seconds (per request when `one_by_one`, else one total), device steps)
+    of `engine` generating `todo`, timed on the second run: the first compiles every shape
+    (the same requests take the same shapes)."""
+    engine.generate(todo)
+    before = engine.device_steps
+    if not one_by_one:
+        t0 = time.perf_counter()
+        done = engine.generate(todo)
+        return done, [time.perf_counter() - t0], engine.device_steps - before
+    done, seconds = [], []
+    for r in todo:
+        t0 = time.perf_counter()
+        done += engine.generate([r])
+        seconds.append(time.perf_counter() - t0)
+    return done, seconds, engine.device_steps - before
 
 
-def spec_speed(decoder: Decoder, dec: DecodeConfig, prompts: Sequence[Sequence[int]],
-               batch: int, slots: int, seed: int, plain_tps: float,
-               plain_answers: list[list[int]], plain_steps: int) -> dict[str, Any]:
+def point(batch: int, dec: DecodeConfig, done, seconds: float, steps: int, plain_tps: float,
+          plain_answers: list[list[int]], plain_steps: int) -> dict[str, Any]:
     """One measured point: tau (pooled and per request), tokens/s both ways, speedup."""
-    engine = SpecEngine(decoder.tcfg, decoder.dcfg, decoder.target_w, decoder.draft_w,
-                        decoder.vocab, dec, [int(s) for s in decoder.stop_ids if s >= 0],
-                        decoder.mesh, SpecEngineConfig(rows=batch, max_context=slots,
-                                                       sync_every=SPEC_SYNC))
-    requests = _requests(prompts, dec.max_new_tokens, seed)
-    done, seconds, steps = _timed(engine, requests, "verify_steps")
     summary = acceptance_summary([c.accept_lengths for c in done], dec.steps)
     tps = sum(len(c.tokens) for c in done) / seconds
     identical = sum(c.tokens == p for c, p in zip(done, plain_answers, strict=True))
@@ -144,24 +156,28 @@ def spec_speed(decoder: Decoder, dec: DecodeConfig, prompts: Sequence[Sequence[i
             "identical_to_baseline": identical if dec.temperature == 0 else None}
 
 
-def measure(decoder: Decoder, prompts: Sequence[Sequence[int]], batches: Sequence[int],
-            sweep: Sequence[DecodeConfig] | None, seed: int, console) -> dict[str, Any]:
-    """{"concurrency": [one entry per batch size, the decoder's own shape]} and, with a
-    sweep, {"sweep": [every shape x batch], "best": {batch: entry}, "best_chain": ...}."""
-    shapes = [decoder.dec] + [d for d in (sweep or []) if d != decoder.dec]
-    slots = _slots(prompts, decoder.dec.max_new_tokens, shapes)
+def measure(setup: Setup, prompts: Sequence[Sequence[int]], batches: Sequence[int],
+            sweep: Sequence[DecodeConfig] | None, console) -> dict[str, Any]:
+    """{"concurrency": [one entry per batch size, the run's own shape]} and, with a sweep,
+    {"sweep": [every shape x batch], "best": {batch: entry}, "best_chain": ...}."""
+    base = setup.draft.dec
+    shapes = [base] + [d for d in (sweep or []) if d != base]
+    slots = slots_for(prompts, base.max_new_tokens, shapes)
+    todo = requests(prompts, base.max_new_tokens)
     points: list[dict[str, Any]] = []
     for b in batches:
-        plain_tps, answers, plain_steps = plain_speed(decoder, prompts, b, slots, seed)
+        plain, seconds, plain_steps = timed(setup.engine(b, slots, None), todo)
+        plain_tps = sum(len(c.tokens) for c in plain) / seconds[0]
         for dec in shapes if sweep else shapes[:1]:
-            e = spec_speed(decoder, dec, prompts, b, slots, seed, plain_tps, answers,
-                           plain_steps)
+            done, seconds, steps = timed(setup.engine(b, slots, dec), todo)
+            e = point(b, dec, done, seconds[0], steps, plain_tps, [c.tokens for c in plain],
+                      plain_steps)
             console.print(f"batch {b:>3} {e['shape']:>7}: tau {e['tau_pooled']:.2f}  "
                           f"{e['tokens_per_s_speculative']:,.1f} vs "
                           f"{plain_tps:,.1f} tok/s  {e['speedup']:.2f}x")
             points.append(e)
     out: dict[str, Any] = {"concurrency": [p for p in points if p["shape"] ==
-                                           shape_name(decoder.dec)]}
+                                           shape_name(base)]}
     if sweep:
         grid = [p for p in points if any(p["shape"] == shape_name(d) for d in sweep)]
         out["sweep"] = grid

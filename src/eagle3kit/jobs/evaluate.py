@@ -2,11 +2,14 @@
 
 teacher-forced   the trainer's own rollout and counting (jobs/common.teacher_forced) on token
                  records: acc_k, cond_acc_k and the estimated tau.
-generate         real speculative decoding (decode/) of a prompt set, against plain decoding
-                 of the same target in the same process: tau (tokens per target forward),
-                 per-position acceptance, tokens/s of both and the speedup. The generated
-                 answers are then scored teacher-forced too, so the estimate and the real
-                 tau are reported on the very same text.
+generate         real speculative decoding of a prompt set by the engine (decode/engine.py)
+                 with one row, turn after turn in each conversation's own context
+                 (decode/conversations.drive, `regenerate`'s loop), against plain decoding
+                 of the same target by the same engine: tau (tokens per target forward),
+                 per-position acceptance, tokens/s of both and the speedup (timed one
+                 answer at a time after a pass that compiles, jobs/eval_batched.py). The
+                 generated answers are then scored teacher-forced too, so the estimate and
+                 the real tau are reported on the very same text.
 
 Both print one JSON object (the contract `push` renders into the model card, docs/eval.md).
 """
@@ -21,8 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from eagle3kit.core import draft as draft_lib
-from eagle3kit.core import ttt
-from eagle3kit.core.config import TargetConfig
+from eagle3kit.core import target, ttt
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import batch_ways, make_mesh, parse_mesh_spec
@@ -34,9 +36,11 @@ from eagle3kit.data.prompts import PromptSet, load_prompts
 from eagle3kit.data.records import GenerationSample, TokenRecord, display_name, encode
 from eagle3kit.data.tokenizer import load_chat_template
 from eagle3kit.data.tokenizing import make_renderer
+from eagle3kit.decode import conversations
+from eagle3kit.decode.acceptance import acceptance_summary
 from eagle3kit.decode.conversations import Dialogue, Turn
-from eagle3kit.decode.runner import Decoder, acceptance_summary, bucket
-from eagle3kit.decode.speculative import DecodeConfig
+from eagle3kit.decode.engine import Request
+from eagle3kit.decode.speculative import DecodeConfig, Speculation
 from eagle3kit.errors import InputError, UserError
 from eagle3kit.io.atomic import open_output
 from eagle3kit.io.hf import TargetCheckpoint, load_target, resolve_target
@@ -180,7 +184,8 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
                         f"({batch_ways(mesh)})")
     dtype, target_dtype = common.DTYPES[cfg.dtype], common.DTYPES[cfg.target_dtype]
     t0 = time.perf_counter()
-    target_w = load_target(ckpt, mesh, target_dtype)
+    # per-layer arrays, held once: teacher-forced scoring and every engine read these
+    target_w = target.unstack_in_place(load_target(ckpt, mesh, target_dtype), tcfg)
     trainer = Trainer(tcfg, draft.config, ttt.TTTConfig(
         cfg.steps, TTTSettings().decay, dtype,
         resolve_attention(cfg.attention, target_dtype, dtype)),
@@ -201,21 +206,22 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
                                        cfg.batch_size, cfg.seq_len, progress.update)
         return {"mode": "teacher-forced", "dataset": display_name(cfg.data), **tf, **base}
 
-    decoder = Decoder(tcfg, draft.config, target_w, draft_lib.cast(params, dtype), vocab_dev,
-                      decode_config(cfg),
-                      stop_ids(tokenizer, ckpt, prompt_renderer(tokenizer, cfg)), mesh)
+    setup = eval_batched.Setup(
+        tcfg, target_w, mesh, stop_ids(tokenizer, ckpt, prompt_renderer(tokenizer, cfg)),
+        Speculation(draft.config, draft_lib.cast(params, dtype), vocab_dev, decode_config(cfg)),
+        cfg.seed)
     shape = f"--max-new-tokens {cfg.max_new_tokens}" + (
         f" at --concurrency {cfg.concurrency}" if cfg.concurrency else "")
     with common.out_of_memory(shape, "lower --max-new-tokens, the --concurrency batch sizes "
                               "or --limit (long prompts), or add devices: --mesh tensor=N"):
-        gen, samples = generate_samples(decoder, prompts, tokenizer, tcfg, cfg, console)
+        gen, samples = generate_samples(setup, prompts, tokenizer, cfg, console)
         if cfg.concurrency or cfg.sweep:
             # the very prompts batch 1 answered (later turns hold its answers), B at a time
             gen.update(eval_batched.measure(
-                decoder, [s.prompt_ids for s in samples],
+                setup, [s.prompt_ids for s in samples],
                 eval_batched.parse_concurrency(cfg.concurrency) or (1,),
-                eval_batched.parse_sweep(cfg.sweep_grid, decoder.dec) if cfg.sweep else None,
-                cfg.seed, console))
+                eval_batched.parse_sweep(cfg.sweep_grid, setup.draft.dec) if cfg.sweep
+                else None, console))
         # the same text, teacher-forced: the estimate next to what generation measured
         docs = TokenDocs.from_records(
             (TokenRecord(s.id, s.prompt_ids + s.generated_ids,
@@ -228,57 +234,75 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
             for s in samples:
                 f.write(encode(s))
     return {"mode": "generate", "dataset": prompts.name, **tf, **gen, **base,
-            "topk": cfg.topk, "draft_tokens": decoder.dec.nodes,
+            "topk": cfg.topk, "draft_tokens": setup.draft.dec.nodes,
             "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
 
 
-def generate_samples(decoder: Decoder, prompts: PromptSet, tokenizer: Any, tcfg: TargetConfig,
+def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: Any,
                      cfg: EvalConfig, console) -> tuple[dict[str, Any], list[GenerationSample]]:
-    """Decodes every turn speculatively and plainly; returns the summary and the samples."""
+    """Answers every turn speculatively with one row, each in the context of the earlier
+    answers; then times each answer both ways. Returns the summary and the samples."""
+    tcfg, dec = setup.tcfg, setup.draft.dec
     context = tcfg.max_position_embeddings
     dialogues = [Dialogue.from_user_turns(c.turns, c.system) for c in prompts.conversations]
     render = prompt_renderer(tokenizer, cfg).prompt_ids  # in the mode that will be served
-
     firsts = [render(d.prompt()) for d in dialogues]
     for conv, ids in zip(prompts.conversations, firsts, strict=True):  # fail before compiling
         _check_context(conv.id, 1, len(ids), cfg.max_new_tokens, context, prompts.name)
-    samples: list[GenerationSample] = []
-    spec_s = plain_s = compile_s = 0.0
-    spec_tokens = plain_tokens = identical = 0
+    # request j (the j-th turn of the set, in order) samples from stream j at every batch size
+    offsets = [sum(len(c.turns) for c in prompts.conversations[:i])
+               for i in range(len(prompts.conversations))]
+    answers: dict[tuple[int, int], tuple[list[int], Any]] = {}
+    engines: dict[int, Any] = {}
     progress = Progress(console, "generate turns", total=prompts.num_turns)
+
+    def prompt(c: int) -> list[int] | None:
+        turn = len(dialogues[c].turns)
+        if dialogues[c].finished:
+            return None
+        ids = firsts[c] if turn == 0 else render(dialogues[c].prompt())
+        _check_context(prompts.conversations[c].id, turn + 1, len(ids), cfg.max_new_tokens,
+                       context, prompts.name)
+        return ids
+
+    def answered(c: int, ids: list[int], done) -> None:
+        text = tokenizer.decode(done.tokens, skip_special_tokens=True)
+        answers[c, len(dialogues[c].turns)] = ids, done
+        dialogues[c].answer(Turn(text.strip(), len(ids), len(done.tokens), done.finish_reason))
+        progress.update(len(answers), prompts.num_turns)
+
+    t0 = time.perf_counter()
     with progress:
-        for c, (conv, dialogue) in enumerate(zip(prompts.conversations, dialogues,
-                                                 strict=True)):
-            # the conversation loop `regenerate` runs too: each turn sees the earlier answers
-            for turn in range(len(conv.turns)):
-                ids = firsts[c] if turn == 0 else render(dialogue.prompt())
-                _check_context(conv.id, turn + 1, len(ids), cfg.max_new_tokens, context,
-                               prompts.name)
-                seconds = decoder.prepare(len(ids))
-                if seconds:
-                    console.print(f"compiled the decoding loops for prompts of up to "
-                                  f"{bucket(len(ids))} tokens in {seconds:.1f}s")
-                compile_s += seconds
-                seed = cfg.seed + len(samples)
-                spec, plain = decoder.speculative(ids, seed), decoder.plain(ids, seed)
-                text = tokenizer.decode(spec.generated_ids, skip_special_tokens=True)
-                dialogue.answer(Turn(text.strip(), len(ids), len(spec.generated_ids),
-                                     "stop" if len(spec.generated_ids) < cfg.max_new_tokens
-                                     else "length"))
-                samples.append(GenerationSample(conv.id, turn + 1, ids, spec.generated_ids, text,
-                                                spec.accept_lengths, round(spec.seconds, 6),
-                                                round(plain.seconds, 6)))
-                spec_s, plain_s = spec_s + spec.seconds, plain_s + plain.seconds
-                spec_tokens += len(spec.generated_ids)
-                plain_tokens += len(plain.generated_ids)
-                identical += spec.generated_ids == plain.generated_ids
-                summary = acceptance_summary([s.accept_lengths for s in samples], cfg.steps)
-                progress.update(len(samples), prompts.num_turns,
-                                f"tau {summary['tau_generate']:.2f}  "
-                                f"{spec_tokens / spec_s:,.1f} vs {plain_tokens / plain_s:,.1f} "
-                                "tok/s")
+        for c in range(len(dialogues)):  # one row: a conversation at a time, turn by turn
+            ids = firsts[c]
+            slots = eval_batched.slots_for([ids], cfg.max_new_tokens, [dec])
+            if slots not in engines:  # engines (and programs) per cache size, as prompts need
+                engines[slots] = setup.engine(1, slots, dec)
+            conversations.drive(engines[slots], [c], prompt,
+                                lambda c, ids: Request((c, ids), ids, cfg.max_new_tokens,
+                                                       offsets[c] + len(dialogues[c].turns)),
+                                answered, lambda c: None)
+    order = sorted(answers)
+    todo = [Request(offsets[c] + t, answers[c, t][0], cfg.max_new_tokens, offsets[c] + t)
+            for c, t in order]
+    spec = [answers[k][1] for k in order]
+    slots = eval_batched.slots_for([r.prompt for r in todo], cfg.max_new_tokens, [dec])
+    # timed one answer at a time after a pass that compiles (batch 1: no answer waits)
+    _, spec_seconds, _ = eval_batched.timed(setup.engine(1, slots, dec), todo, True)
+    plain, plain_seconds, _ = eval_batched.timed(setup.engine(1, slots, None), todo, True)
+    compile_s = time.perf_counter() - t0 - sum(spec_seconds) - sum(plain_seconds)
+    samples = []
+    for (c, t), r, s_, s_sec, p_sec in zip(order, todo, spec, spec_seconds, plain_seconds,
+                                            strict=True):
+        samples.append(GenerationSample(
+            prompts.conversations[c].id, t + 1, r.prompt, s_.tokens,
+            tokenizer.decode(s_.tokens, skip_special_tokens=True), s_.accept_lengths,
+            round(s_sec, 6), round(p_sec, 6)))
     summary = acceptance_summary([s.accept_lengths for s in samples], cfg.steps)
-    spec_tps, plain_tps = spec_tokens / spec_s, plain_tokens / plain_s
+    spec_tokens = sum(len(s.generated_ids) for s in samples)
+    plain_tokens = sum(len(p.tokens) for p in plain)
+    identical = sum(s.generated_ids == p.tokens for s, p in zip(samples, plain, strict=True))
+    spec_tps, plain_tps = spec_tokens / sum(spec_seconds), plain_tokens / sum(plain_seconds)
     if cfg.temperature == 0 and identical < len(samples):
         # exact in fp32; in 16-bit a verify over K+1 tokens may round differently from a
         # one-token step, and a near-tie then flips

@@ -424,44 +424,28 @@ class Runner:
 
 def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int], stop: Preemption
                ) -> None:
-    """Local generation: keeps the engine's rows full, next turns of started conversations
-    first (so finished records leave the reorder buffer soon)."""
+    """Local generation: the conversation loop (decode/conversations.drive) over the engine,
+    whose rows it keeps full."""
     from eagle3kit.decode.engine import Request
 
     cfg = runner.cfg
-    pending = collections.deque(runner.work)
-    queue: collections.deque[Request] = collections.deque()
 
     def request(w: Work, ids: list[int]) -> Request:
         return Request((w, ids), ids, min(cfg.max_new_tokens, cfg.max_context - len(ids)),
                        w.seed(len(w.dialogue.turns)))
 
-    def next_turn(w: Work, first: bool) -> None:
-        """Queues the dialogue's next turn (a started one's at the front), or finishes it."""
-        ids = runner.prompt_ids(w)
-        if ids is None:
-            runner.finish(w)
-        elif first:
-            queue.append(request(w, ids))
-        else:
-            queue.appendleft(request(w, ids))
+    def answered(w: Work, ids: list[int], c) -> None:
+        runner.answered(w, conv.answer_text(tokenizer, c.tokens, stop_ids), len(ids),
+                        len(c.tokens), c.finish_reason)
 
-    def top_up() -> None:
-        while pending and len(queue) < max(engine.free_rows, 1):
-            next_turn(pending.popleft(), first=True)
-
-    top_up()
-    while queue or engine.busy:
+    def synced() -> None:
         if stop.requested:
             raise Preempted(f"{stop.name}: stopped; finished conversations are written, "
                             "--resume continues")
-        for c in engine.step(queue):
-            w, ids = c.handle
-            runner.answered(w, conv.answer_text(tokenizer, c.tokens, stop_ids), len(ids),
-                            len(c.tokens), c.finish_reason)
-            next_turn(w, first=False)
-        top_up()
         runner.progress.tokens(engine.generated_tokens)
+
+    conv.drive(engine, runner.work, runner.prompt_ids, request, answered, runner.finish,
+               synced)
 
 
 PROGRESS_SECONDS = 30.0  # in logs, a progress line at most this often (and the last one)

@@ -1,9 +1,9 @@
-"""Batched speculative decoding (decode/spec_engine.py) on the tiny target with a draft that
+"""Batched speculative decoding (decode/engine.py with a draft) on the tiny target with a draft that
 gets tokens accepted (tests/decode/accepting.py).
 
 fp32: greedy chains and trees must give plain greedy decoding's tokens for every request,
 with fewer rows than requests (refill), rows that end at different steps (limits, a stop
-token, a limit of 1), and each request's accepted counts must equal the batch-1 Decoder's.
+token, a limit of 1), and each request's accepted counts must equal those of one row at a time (batch 1).
 Sampled chains must not depend on the number of rows, and must draw fresh randomness at
 every verify step. Rows whose verify programs cross a window boundary keep plain greedy's
 tokens on a target whose answers depend on every key (`chaotic`).
@@ -19,11 +19,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from eagle3kit.core import target
 from eagle3kit.core.sharding import make_mesh
+from eagle3kit.decode.acceptance import acceptance_summary
 from eagle3kit.decode.engine import Request
-from eagle3kit.decode.runner import Decoder, acceptance_summary
-from eagle3kit.decode.spec_engine import SpecEngine, SpecEngineConfig
 from eagle3kit.decode.speculative import DecodeConfig
-from tests.decode import accepting
+from tests.decode import accepting, engines
 from tests.decode.hf_reference import greedy_divergence, repeat_zscores
 
 SLOTS = 256  # > 128: verify programs read a window of 128 slots (prompt 11 + 24 new fit)
@@ -50,9 +49,10 @@ def _expected(acc, i: int, limit: int, stops: set[int]) -> list[int]:
 
 def _run(acc, dec, rows, requests, stops=(), mesh=None, target_w=None, draft_w=None,
          vocab=None, sync_every=4):
-    engine = SpecEngine(acc.tcfg, acc.dcfg, target_w or acc.target_w, draft_w or acc.draft_w,
-                        vocab or acc.vocab, dec, list(stops), mesh or acc.mesh,
-                        SpecEngineConfig(rows=rows, max_context=SLOTS, sync_every=sync_every))
+    engine = engines.speculative(acc.tcfg, target_w or acc.target_w, acc.dcfg,
+                                 draft_w or acc.draft_w, vocab or acc.vocab, dec, stops,
+                                 mesh or acc.mesh, rows=rows, max_context=SLOTS,
+                                 sync_every=sync_every)
     return engine.generate(requests)
 
 
@@ -80,10 +80,7 @@ def test_batched_greedy_chain_is_plain_greedy_with_refill_limits_and_stops(chain
 def test_batched_accepted_counts_equal_the_batch1_decoders(chain_run):
     """Per request (so the histogram too): the same verify steps as batch-1 decoding."""
     acc, stops, done = chain_run
-    decoder = Decoder(acc.tcfg, acc.dcfg, acc.target_w, acc.draft_w, acc.vocab, CHAIN,
-                      sorted(stops), acc.mesh)
-    batch1 = [decoder.speculative(acc.prompts[i], limit=limit).accept_lengths
-              for i, limit in REQUESTS]
+    batch1 = [c.accept_lengths for c in _run(acc, CHAIN, 1, _requests(acc), stops)]
     assert [c.accept_lengths for c in done] == batch1
     hist = acceptance_summary([c.accept_lengths for c in done], accepting.K)["accept_histogram"]
     assert hist == acceptance_summary(batch1, accepting.K)["accept_histogram"]
@@ -96,22 +93,24 @@ def test_batched_greedy_tree_is_plain_greedy_and_caches_hold_the_committed_keys(
     target cache below its position holds exactly the keys of its committed sequence, so
     every accepted path's keys were moved to contiguous slots, in every row."""
     acc = accepting_draft
-    engine = SpecEngine(acc.tcfg, acc.dcfg, acc.target_w, acc.draft_w, acc.vocab, TREE, [],
-                        acc.mesh, SpecEngineConfig(rows=2, max_context=SLOTS, sync_every=4))
+    engine = engines.speculative(acc.tcfg, acc.target_w, acc.dcfg, acc.draft_w, acc.vocab, TREE,
+                                 [], acc.mesh, rows=2, max_context=SLOTS, sync_every=4)
     done = engine.generate(_requests(acc))
     for (i, limit), c in zip(REQUESTS, done, strict=True):
         assert c.tokens == acc.greedy[i][:limit], (i, limit)
     assert sum(sum(c.accept_lengths) for c in done) > 10  # paths were committed
     assert {p[3] for p in engine.programs if p[0] == "verify"} == {128}  # a window < SLOTS
     engine.generate([Request("a", acc.prompts[0], 24), Request("b", acc.prompts[2], 24)])
-    n = np.asarray(engine.state.n)
+    n = np.asarray(engine.state.position)
     for row, i in enumerate((0, 2)):
         seq = jnp.asarray([acc.prompts[i] + acc.greedy[i]])  # the committed ones and more
-        cache = target.KVCache.zeros(acc.tcfg, 1, SLOTS, jnp.float32)
-        cache = jax.jit(lambda w, s, c: target.forward_cached(w, acc.tcfg, s, 0, c)[1])(
-            acc.target_w, seq, cache)
-        np.testing.assert_allclose(engine.state.tcache.k[row, :, 0, : n[row]],
-                                   cache.k[:, 0, : n[row]], atol=1e-5, rtol=1e-5)
+        cache = target.RowCache.zeros(acc.tcfg, 1, SLOTS, jnp.float32)
+        cache = jax.jit(lambda w, s, c: target.forward_rows(
+            w, acc.tcfg, s, jnp.arange(s.shape[1])[None], c, prefill=True)[1])(
+            engine.w, seq, cache)
+        for got, want in zip(engine.cache.k, cache.k, strict=True):
+            np.testing.assert_allclose(got[row, : n[row]], want[0, : n[row]], atol=1e-5,
+                                       rtol=1e-5)
 
 
 def test_sampled_chain_does_not_depend_on_the_rows_or_their_devices(accepting_draft):
@@ -142,8 +141,8 @@ def test_verify_programs_whose_rows_cross_a_window_boundary_stay_plain_greedy(ti
     model, target_w = chaotic
     rng = np.random.default_rng(2)
     prompts = [[int(x) for x in rng.integers(0, tcfg.vocab_size, n)] for n in (116, 112)]
-    engine = SpecEngine(tcfg, dcfg, target_w, draft_w, vocab, CHAIN, [], mesh,
-                        SpecEngineConfig(rows=2, max_context=192, sync_every=16))
+    engine = engines.speculative(tcfg, target_w, dcfg, draft_w, vocab, CHAIN, [], mesh, rows=2,
+                                 max_context=192, sync_every=16)
     done = engine.generate([Request(i, p, 40) for i, p in enumerate(prompts)])
     for p, c in zip(prompts, done, strict=True):
         assert len(c.tokens) == 40
@@ -164,8 +163,8 @@ def test_sampled_streams_draw_fresh_randomness_at_every_verify_step(tiny, tiny_d
     dec = DecodeConfig(steps=accepting.K, max_new_tokens=accepting.NEW, temperature=0.8)
     rng = np.random.default_rng(4)
     prompts = [[int(x) for x in rng.integers(0, tcfg.vocab_size, 11)] for _ in range(4)] * 2
-    engine = SpecEngine(tcfg, dcfg, tiny[1], draft_w, vocab, dec, [], mesh,
-                        SpecEngineConfig(rows=1, max_context=SLOTS, sync_every=4))
+    engine = engines.speculative(tcfg, tiny[1], dcfg, draft_w, vocab, dec, [], mesh, rows=1,
+                                 max_context=SLOTS, sync_every=4)
     done = engine.generate([Request(j, p, 24, seed=j) for j, p in enumerate(prompts)])
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
     z = repeat_zscores(model, prompts, [c.tokens for c in done], 0.8, range(1, 9))
