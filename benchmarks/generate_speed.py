@@ -66,12 +66,12 @@ def sharegpt_prompts(path: str, tokenizer, n: int, max_len: int) -> list[list[in
     return out
 
 
-def engine_run(tcfg, w, mesh, prompts, slots, new, max_context, together=None
-               ) -> tuple[float, float]:
+def engine_run(tcfg, w, mesh, prompts, slots, new, max_context, together=None,
+               attention="xla") -> tuple[float, float]:
     """(seconds, wall-clock start) of generating `new` tokens for every prompt, after a
     warm-up pass; with `together` (a shard), timing starts once every shard is warm."""
     engine = Engine(tcfg, w, mesh, [], EngineConfig(rows=slots, max_context=max_context,
-                                                    sync_every=32))
+                                                    sync_every=32, attention=attention))
     requests = [Request(i, p, new) for i, p in enumerate(prompts)]
     engine.generate(requests[: slots * 3 // 2])  # compile the shapes (refills too)
     if together:
@@ -139,6 +139,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=256, help="random prompts' length")
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--slots", default="64,128,256")
+    ap.add_argument("--attention", default="xla", choices=("xla", "pallas"),
+                    help="how decode steps read the KV cache (EngineConfig.attention)")
     ap.add_argument("--hf-batch", type=int, default=0, help="also time transformers' "
                     "generate at this batch size (0: skip)")
     ap.add_argument("--hf-prompts", type=int, default=0, help="prompts for transformers "
@@ -188,7 +190,8 @@ def main() -> None:
     w = unstack_in_place(w, tcfg)  # as `regenerate` runs it
     print(f"# {tcfg.name or args.random_target} on {jax.device_count()} x {device} (mesh "
           f"{dict(mesh.shape)}), jax {jax.__version__}; {source}, mean prompt "
-          f"{np.mean(lens):.0f} tokens, {args.new} new tokens each, bf16", flush=True)
+          f"{np.mean(lens):.0f} tokens, {args.new} new tokens each, bf16; cache attention "
+          f"{args.attention}", flush=True)
     print("| generator | batch | tokens/s | share of bandwidth bound | seconds |")
     print("|---|---|---|---|---|")
     total = args.new * len(prompts)
@@ -200,7 +203,7 @@ def main() -> None:
         together = (barrier(args.together, f"slots{slots}", index, count)
                     if args.shard and args.together else None)
         seconds, start = engine_run(tcfg, w, mesh, prompts, slots, args.new, max_context,
-                                    together)
+                                    together, args.attention)
         if args.shard:
             print(json.dumps({"shard": args.shard, "slots": slots, "tokens": total,
                               "seconds": seconds, "start": start}), flush=True)

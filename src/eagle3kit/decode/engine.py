@@ -75,6 +75,9 @@ class EngineConfig:
     sampling: Sampling = Sampling()
     seed: int = 0
     repetition: Repetition | None = None  # end answers that loop (None: never)
+    attention: str = "xla"  # how steps read the KV cache: "xla" (a window gathered) or
+    # "pallas" (core/ragged_attention: each row in place to its own length; not yet the
+    # default: its GPU speed is to be measured, benchmarks/gpu_session.sh engine)
 
 
 @dataclasses.dataclass
@@ -151,7 +154,7 @@ def logits(w: target.LayerList, hidden_BxD: jax.Array) -> jax.Array:
 def _prefill(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, tokens_PxT,
              following_PxT, rows_P, starts_P, lengths_P, limits_P, seeds_P, *,
              cfg: TargetConfig, sampling: Sampling, drafting: tuple | None, first: bool,
-             window: int, data: int):
+             window: int, data: int, rows_impl: str):
     """One prefill piece for P rows; rows whose prompt ends in it get their first token.
     `following[p, j]` is the prompt token after piece token j (the draft's step-0 entry of a
     column reads the token after it); the first generated token is put in where the prompt
@@ -161,7 +164,8 @@ def _prefill(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, tokens
     positions = starts_P[:, None] + jnp.arange(t)[None, :]
     out, cache = target.forward_rows(w, cfg, tokens_PxT, positions, cache, rows_B=rows_P,
                                      window=window, prefill=first,
-                                     aux_layer_ids=spec.dcfg.aux_layer_ids if spec else ())
+                                     aux_layer_ids=spec.dcfg.aux_layer_ids if spec else (),
+                                     rows_impl=rows_impl)
     last = jnp.clip(lengths_P - 1 - starts_P, 0, t - 1)
     hidden = jnp.take_along_axis(out.hidden_BxTxD, last[:, None, None], axis=1)[:, 0]
     token = sample(logits(w, hidden), request_keys(base_key, seeds_P, jnp.zeros_like(seeds_P)),
@@ -202,7 +206,7 @@ def run_steps(body, carry: tuple, steps: int, waiting, state_at: int) -> tuple:
 
 
 def _decode(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting, *,
-            cfg: TargetConfig, sampling: Sampling, steps: int, window: int):
+            cfg: TargetConfig, sampling: Sampling, steps: int, window: int, rows_impl: str):
     """Up to `steps` plain decoding steps of every row -> (cache, dcache, state, tokens
     [C, steps, 1] (-1 where a row emitted nothing), accepted (None), steps run)."""
     c = state.token.shape[0]
@@ -210,7 +214,7 @@ def _decode(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
     def body(i, carry):
         cache, s, out = carry
         o, cache = target.forward_rows(w, cfg, s.token[:, None], s.position[:, None], cache,
-                                       window=window)
+                                       window=window, rows_impl=rows_impl)
         token = sample(logits(w, o.hidden_BxTxD[:, 0]),
                        request_keys(base_key, s.seed, s.generated), sampling)
         out = out.at[:, i, 0].set(jnp.where(s.active, token, -1))
@@ -228,7 +232,8 @@ def _decode(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
 
 
 def _verify(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting, *,
-            cfg: TargetConfig, drafting: tuple, steps: int, window: int, data: int):
+            cfg: TargetConfig, drafting: tuple, steps: int, window: int, data: int,
+            rows_impl: str):
     """Up to `steps` speculative verify steps of every row -> (cache, dcache, state, tokens
     [C, steps, K+1], accepted [C, steps]; -1 where a row emitted nothing, steps run).
 
@@ -243,7 +248,7 @@ def _verify(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
         keys = request_keys(base_key, s.seed, s.generated)
         new, a, h, cache, small = speculative.verify_rows(
             spec, cfg, w, cache, small, s.token, s.position, s.h, keys, window=window,
-            data=data)
+            data=data, rows_impl=rows_impl)
         live = s.active
         count = jnp.where(live, a + 1, 0)
         generated = s.generated + count
@@ -269,17 +274,19 @@ def _verify(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
 
 
 @functools.cache
-def _programs(tcfg: TargetConfig, sampling: Sampling, drafting: tuple | None, data: int):
-    """The jitted prefill and step of one target, sampling rule and drafting shape
-    ((draft config, DecodeConfig) or None: plain), shared by every engine of the process (an
-    eval's batch sizes, tests) so each shape compiles once."""
+def _programs(tcfg: TargetConfig, sampling: Sampling, drafting: tuple | None, data: int,
+              rows_impl: str):
+    """The jitted prefill and step of one target, sampling rule, drafting shape ((draft
+    config, DecodeConfig) or None: plain) and cache attention, shared by every engine of the
+    process (an eval's batch sizes, tests) so each shape compiles once."""
     prefill = jax.jit(functools.partial(_prefill, cfg=tcfg, sampling=sampling,
-                                        drafting=drafting, data=data),
+                                        drafting=drafting, data=data, rows_impl=rows_impl),
                       static_argnames=("first", "window"), donate_argnums=(3, 4, 5))
     if drafting is None:
-        step = functools.partial(_decode, cfg=tcfg, sampling=sampling)
+        step = functools.partial(_decode, cfg=tcfg, sampling=sampling, rows_impl=rows_impl)
     else:
-        step = functools.partial(_verify, cfg=tcfg, drafting=drafting, data=data)
+        step = functools.partial(_verify, cfg=tcfg, drafting=drafting, data=data,
+                                 rows_impl=rows_impl)
     return prefill, jax.jit(step, static_argnames=("steps", "window"), donate_argnums=(3, 4, 5))
 
 
@@ -353,8 +360,10 @@ class Engine:
                 lambda: draft_cache.DraftKV.zeros(spec.dcfg, cfg.rows, cfg.max_context,
                                                   draft_dtype),
                 out_shardings=draft_cache.DraftKV(draft_spec, draft_spec))()
+        if cfg.attention not in ("xla", "pallas"):
+            raise ValueError(f"EngineConfig.attention {cfg.attention!r}: xla or pallas")
         self._prefill, self._step = _programs(
-            tcfg, cfg.sampling, spec and (spec.dcfg, spec.dec), data)
+            tcfg, cfg.sampling, spec and (spec.dcfg, spec.dec), data, cfg.attention)
         self._repeats = cfg.repetition and Detector(cfg.repetition, cfg.rows)
 
     @property

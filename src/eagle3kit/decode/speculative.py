@@ -174,7 +174,7 @@ def extend_rows(spec: Speculation, target_w, aux_CxTxA, next_CxT, start_C, h_at_
 
 def verify_rows(spec: Speculation, tcfg: TargetConfig, target_w: target.LayerList,
                 tcache: target.RowCache, dcache: draft_cache.DraftKV, token_C, n_C, h_C,
-                keys_C, *, window: int, data: int):
+                keys_C, *, window: int, data: int, rows_impl: str = "xla"):
     """One verify step of every row (module docstring) -> (new tokens [C, K+1] (new[j] is
     x_{n+j+1}, valid for j <= a), accepted a [C], the draft's h of column n+a [C,1,D],
     target cache, draft cache)."""
@@ -204,7 +204,7 @@ def verify_rows(spec: Speculation, tcfg: TargetConfig, target_w: target.LayerLis
         positions, block = n_C[:, None] + jnp.arange(dec.steps + 1)[None, :], None
     out, tcache = target.forward_rows(target_w, tcfg, tokens, positions, tcache, prefix_B=n_C,
                                       block_mask_BxTxT=block, window=window,
-                                      aux_layer_ids=dcfg.aux_layer_ids)
+                                      aux_layer_ids=dcfg.aux_layer_ids, rows_impl=rows_impl)
     logits = jnp.einsum("btd,dv->btv", out.hidden_BxTxD, target.lm_head_weight(target_w),
                         preferred_element_type=jnp.float32)
     k1 = jnp.arange(dec.steps + 1)
