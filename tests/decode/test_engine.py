@@ -92,14 +92,15 @@ def test_one_row_and_sixteen_rows_with_refill_give_the_same_tokens(llama):
 
 def test_rows_crossing_a_window_boundary_mid_program_read_every_key(llama, chaotic):
     """Attention reads a window of the cache sized to the longest row; the first decode
-    program of the 127-token prompt (8 steps) starts 1 position below 128 and writes 7 keys
-    past it, and its queries must read them. On the context-sensitive tiny Llama (`chaotic`)
+    program of the 126-token prompt (8 steps) writes its keys at slots 126..133, six past
+    the 128 a window of one step would read (the prefill's first token is the 127th), and
+    its queries must read them. On the context-sensitive tiny Llama (`chaotic`)
     any key left out changes the greedy answer: it must stay transformers' token for token.
     (The shapes of test_greedy_equals_transformers_generate: its programs are reused.)"""
     _, _, ckpt, _, mesh, _ = llama
     model, w = chaotic
     rng = np.random.default_rng(1)
-    prompts = [[int(x) for x in rng.integers(0, 96, n)] for n in (127, 20)]
+    prompts = [[int(x) for x in rng.integers(0, 96, n)] for n in (126, 20)]
     got = run(ckpt, w, mesh, prompts, rows=4)
     for p, c in zip(prompts, got, strict=True):
         assert len(c.tokens) == NEW
