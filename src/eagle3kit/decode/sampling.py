@@ -23,12 +23,20 @@ class Sampling:
     top_k: int = 0  # only the k most probable tokens (0: all)
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature {self.temperature} < 0")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p {self.top_p} outside (0, 1]")
-        if self.top_k < 0:
-            raise ValueError(f"top_k {self.top_k} < 0")
+        if problem := sampling_problem(self.temperature, self.top_p, self.top_k):
+            raise ValueError(problem)
+
+
+def sampling_problem(temperature: float, top_p: float, top_k: int) -> str | None:
+    """What is wrong with these settings, in the command-line options' words (None: nothing);
+    the one check of `Sampling` and of the commands, before anything loads."""
+    if temperature < 0:
+        return f"--temperature {temperature}: must be >= 0 (0 is greedy)"
+    if not 0 < top_p <= 1:
+        return f"--top-p {top_p}: must be in (0, 1]"
+    if top_k < 0:
+        return f"--top-k {top_k}: must be >= 0 (0 keeps every token)"
+    return None
 
 
 def sample(logits_BxV: jax.Array, keys_B: jax.Array, sampling: Sampling) -> jax.Array:

@@ -47,6 +47,7 @@ from eagle3kit.data.records import (
     read_chat_records,
 )
 from eagle3kit.decode import conversations as conv
+from eagle3kit.decode.sampling import sampling_problem
 from eagle3kit.errors import InputError, MismatchError, UserError, plural
 from eagle3kit.jobs import common
 from eagle3kit.jobs.preempt import Preempted, Preemption
@@ -101,12 +102,8 @@ def check_config(cfg: RegenerateConfig) -> tuple[int, int]:
     returns the shard (index, count)."""
     if cfg.turns not in TURNS:
         raise UserError(f"--turns {cfg.turns!r}: choose all or first")
-    if cfg.temperature < 0:
-        raise UserError(f"--temperature {cfg.temperature}: must be >= 0 (0 is greedy)")
-    if not 0 < cfg.top_p <= 1:
-        raise UserError(f"--top-p {cfg.top_p}: must be in (0, 1]")
-    if cfg.top_k < 0:
-        raise UserError(f"--top-k {cfg.top_k}: must be >= 0 (0 keeps every token)")
+    if problem := sampling_problem(cfg.temperature, cfg.top_p, cfg.top_k):
+        raise UserError(problem)
     if cfg.samples < 1:
         raise UserError(f"--samples {cfg.samples}: must be >= 1 (answers per conversation)")
     if cfg.samples > 1 and cfg.temperature == 0:
