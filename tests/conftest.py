@@ -43,9 +43,17 @@ def sharegpt_path():
 
 
 @pytest.fixture(scope="session")
-def smollm2_trained_draft():
+def smollm2_trained_draft(tmp_path_factory):
     """A small EAGLE3 draft trained for the real SmolLM2 on its own greedy answers to
-    MT-bench questions (tests/smollm2_draft.py): `.path`, `.draft`, `.prompts`, `.answers`."""
+    MT-bench questions (tests/smollm2_draft.py): `.path`, `.draft`, `.prompts`, `.answers`.
+    Built once per test session: the first process of `pytest -n` that needs it trains it
+    (about a minute) under a lock, the others read it."""
+    from filelock import FileLock
+
     from tests import smollm2_draft
 
-    return smollm2_draft.trained_draft()
+    shared = tmp_path_factory.getbasetemp()  # xdist: the worker's, below the session's
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    with FileLock(shared / "smollm2-draft.lock"):
+        return smollm2_draft.trained_draft(shared / "smollm2-draft")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import tempfile
+import json
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from eagle3kit.data.packing import TokenDocs, pack_epoch
 from eagle3kit.data.prompts import load_prompts, prompt_ids
 from eagle3kit.data.records import TokenRecord
 from eagle3kit.decode.conversations import Dialogue
-from eagle3kit.io.draft_io import Draft, save_draft
+from eagle3kit.io.draft_io import Draft, load_draft, save_draft
 from eagle3kit.io.hf import TargetCheckpoint, load_target, resolve_target
 from tests import assets
 
@@ -107,8 +107,19 @@ class TrainedDraft:
     answers: list[list[int]]  # the target's greedy answers to them (the reference)
 
 
-@functools.lru_cache(maxsize=1)
-def trained_draft() -> TrainedDraft:
+def trained_draft(directory: Path) -> TrainedDraft:
+    """The draft and its reference answers, built into `directory` once and read from there
+    after (the test processes of one session share it: conftest's fixture holds a lock)."""
+    path, reference = directory / "draft", directory / "reference.json"
+    if reference.exists():
+        saved = json.loads(reference.read_text())
+        return TrainedDraft(path, load_draft(path), saved["prompts"], saved["answers"])
+    made = _trained_draft(path)
+    reference.write_text(json.dumps({"prompts": made.prompts, "answers": made.answers}))
+    return made
+
+
+def _trained_draft(path: Path) -> TrainedDraft:
     t = smollm2()
     conversations = load_prompts("mt-bench", QUESTIONS).conversations
     prompts = [prompt_ids(t.tokenizer, Dialogue.from_user_turns(c.turns, c.system).prompt())
@@ -126,7 +137,6 @@ def trained_draft() -> TrainedDraft:
     fingerprint = tokenizer_fingerprint(t.tokenizer, str(assets.smollm2_gguf()))
     d = Draft(cfg, weights, vocab, t.cfg.name, t.ckpt.hf_config,
               {"tokenizer": fingerprint.to_json()}, {"steps": TRAIN_STEPS})
-    path = Path(tempfile.mkdtemp(prefix="eagle3kit-smollm2-draft-")) / "draft"
     save_draft(path, d)
     return TrainedDraft(path, d, prompts, answers)
 
