@@ -151,14 +151,6 @@ def rows_vmap(f, data: int):
     return jax.vmap(f, spmd_axis_name=RULES["batch"] if data > 1 else None)
 
 
-def _row_cache(cache: draft_cache.DraftKV) -> draft_cache.DraftKV:
-    return draft_cache.DraftKV(cache.k[None], cache.v[None])
-
-
-def _unrow(cache: draft_cache.DraftKV) -> draft_cache.DraftKV:
-    return draft_cache.DraftKV(cache.k[0], cache.v[0])
-
-
 def extend_rows(spec: Speculation, target_w, aux_CxTxA, next_CxT, start_C, h_at_C,
                 dcache: draft_cache.DraftKV, data: int):
     """The draft's step-0 entries of columns start..start+T-1 of each row ->

@@ -158,8 +158,8 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     check_config(cfg)
     generate = cfg.resolved_mode == "generate"
     tokenizer, key = common.target_tokenizer(cfg.target, required=generate)
-    if generate:
-        prompt_renderer(tokenizer, cfg)  # the template and --thinking, before any loading
+    # the template and --thinking checked before any loading; built once, used throughout
+    renderer = prompt_renderer(tokenizer, cfg) if generate else None
     ckpt = resolve_target(cfg.target)
     tcfg = ckpt.config
     draft = common.load_draft_for_target(cfg.draft, cfg.target, ckpt, key)
@@ -207,14 +207,14 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
         return {"mode": "teacher-forced", "dataset": display_name(cfg.data), **tf, **base}
 
     setup = eval_batched.Setup(
-        tcfg, target_w, mesh, stop_ids(tokenizer, ckpt, prompt_renderer(tokenizer, cfg)),
+        tcfg, target_w, mesh, stop_ids(tokenizer, ckpt, renderer),
         Speculation(draft.config, draft_lib.cast(params, dtype), vocab_dev, decode_config(cfg)),
         cfg.seed)
     shape = f"--max-new-tokens {cfg.max_new_tokens}" + (
         f" at --concurrency {cfg.concurrency}" if cfg.concurrency else "")
     with common.out_of_memory(shape, "lower --max-new-tokens, the --concurrency batch sizes "
                               "or --limit (long prompts), or add devices: --mesh tensor=N"):
-        gen, samples = generate_samples(setup, prompts, tokenizer, cfg, console)
+        gen, samples = generate_samples(setup, prompts, tokenizer, cfg, console, renderer)
         if cfg.concurrency or cfg.sweep:
             # the very prompts batch 1 answered (later turns hold its answers), B at a time
             gen.update(eval_batched.measure(
@@ -239,13 +239,15 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
 
 
 def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: Any,
-                     cfg: EvalConfig, console) -> tuple[dict[str, Any], list[GenerationSample]]:
+                     cfg: EvalConfig, console, renderer: Renderer | None = None
+                     ) -> tuple[dict[str, Any], list[GenerationSample]]:
     """Answers every turn speculatively with one row, each in the context of the earlier
-    answers; then times each answer both ways. Returns the summary and the samples."""
+    answers; then times each answer both ways. Returns the summary and the samples.
+    `renderer`: the prompts' (default: prompt_renderer's for `cfg`)."""
     tcfg, dec = setup.tcfg, setup.draft.dec
     context = tcfg.max_position_embeddings
     dialogues = [Dialogue.from_user_turns(c.turns, c.system) for c in prompts.conversations]
-    render = prompt_renderer(tokenizer, cfg).prompt_ids  # in the mode that will be served
+    render = (renderer or prompt_renderer(tokenizer, cfg)).prompt_ids  # the served mode
     firsts = [render(d.prompt()) for d in dialogues]
     for conv, ids in zip(prompts.conversations, firsts, strict=True):  # fail before compiling
         _check_context(conv.id, 1, len(ids), cfg.max_new_tokens, context, prompts.name)
