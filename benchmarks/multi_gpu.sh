@@ -76,9 +76,13 @@ spawn() { local log=$1; shift; "$@" > "$log" 2>&1 & pids+=($!); }
 join_all() { local p rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; pids=(); return $rc; }
 show_logs() { local f; for f in "$@"; do echo "== $f"; grep -v '^ *@ ' "$f" | tail -n 6; done; }
 
+# a mesh in a file name: data=2,tensor=2 -> data2.tensor2 (a call brings back no file whose
+# name has '=' or ','; scaling_table.py reads it back)
+mesh_file() { echo "$OUTDIR/scale/${1}__$(echo "$2" | tr -d '=' | tr ',' '.').txt"; }
+
 train_step() {  # NAME MESH train_step.py args...; $WITH: that run's environment
   local name=$1 mesh=$2 f; shift 2
-  f=$OUTDIR/scale/${name}__${mesh}.txt
+  f=$(mesh_file "$name" "$mesh")
   env ${WITH:-} $PY benchmarks/train_step.py --full-rows $TS_ARGS --steps "$STEPS" "$@" \
     > "$f" 2>&1 || echo "failed: exit $?" >> "$f"
   echo "== $name $mesh: $(grep -v '^WARNING' "$f" | tail -n 1)"
@@ -117,10 +121,11 @@ scale)
   files=()
   for t in 8b moe; do
     for m in 1gpu "data=$N" "data=$((N / 2)),tensor=2" "tensor=$N"; do
-      if [ -f "$OUTDIR/scale/${t}__$m.txt" ]; then files+=("$OUTDIR/scale/${t}__$m.txt"); fi
+      f=$(mesh_file "$t" "$m"); if [ -f "$f" ]; then files+=("$f"); fi
     done
   done
   $PY benchmarks/scaling_table.py "${files[@]}" | tee "$OUTDIR/scale.md"
+  tar czf "$OUTDIR/scale.tgz" -C "$OUTDIR" scale && rm -rf "$OUTDIR/scale"  # one file back
   ;;
 procs)
   D=$STASH/procs; rm -rf "$D"; mkdir -p "$D"
@@ -166,14 +171,15 @@ procs)
         | grep -c '^>' || true) of $(wc -l < "$D/regen-1gpu.jsonl") records differ"
     fi
   done | tee "$OUTDIR/procs-regen.md"
-  cp "$D"/one/metrics.jsonl "$OUTDIR/procs-one-metrics.jsonl"
-  cp "$D"/many/metrics.jsonl "$OUTDIR/procs-many-metrics.jsonl"
+  # the logs, both runs' metrics and every regenerated file, in one file (a call brings few)
+  tar czf "$OUTDIR/procs.tgz" -C "$D" $(cd "$D" && ls ./*.log regen-*.jsonl) one/metrics.jsonl \
+    many/metrics.jsonl
   ;;
 gen)
   gen_pair() {  # NAME "PROMPTS ROWS" (per GPU) generate_speed.py source args...:
     # --mesh data=N in one process, then N --shard processes of one GPU
     local name=$1 per=($2); shift 2
-    local all=$((per[0] * N)) rows=${per[1]} sync=$OUTDIR/gen-$name-together
+    local all=$((per[0] * N)) rows=${per[1]} sync=$STASH/gen-$name-together
     $PY benchmarks/generate_speed.py "$@" "${GEN[@]}" --prompts $all \
       --slots $((rows * N)) --mesh "data=$N" 2>&1 | grep -v "^WARNING" \
       | tee "$OUTDIR/gen-$name.md"

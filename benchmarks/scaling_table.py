@@ -1,8 +1,9 @@
 """The scaling table of `benchmarks/multi_gpu.sh scale`: `train_step.py` outputs, one file per
-(target, mesh), named TARGET__MESH.txt, as one markdown table; each target's rows against its
-first file's first row (the one-GPU run).
+(target, mesh), named TARGET__MESH.txt with the mesh's '=' dropped and ',' as '.' (data=2,tensor=2
+is data2.tensor2), as one markdown table; each target's rows against its first file's first row
+(the one-GPU run).
 
-    python benchmarks/scaling_table.py out/scale/8b__1gpu.txt out/scale/8b__data=4.txt ...
+    python benchmarks/scaling_table.py out/scale/8b__1gpu.txt out/scale/8b__data4.txt ...
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def main(paths: list[str]) -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     base: dict[str, float] = {}
     for path in paths:
-        target, _, mesh = Path(path).stem.partition("__")
+        target, _, name = Path(path).stem.partition("__")
+        mesh = ",".join(re.sub(r"^([a-z]+)(\d+)$", r"\1=\2", part) for part in name.split("."))
         text = Path(path).read_text()
         gpus = re.search(r"device: (\d+) x", text)
         n = int(gpus.group(1)) if gpus else 0
