@@ -119,6 +119,18 @@ def timed(call, reps: int) -> float:
     return (time.perf_counter() - start) / reps * 1e3
 
 
+def attempt(what: str, failures: list, fn, *args):
+    """fn(*args)'s result, or None after printing the error's first line: one shape or tile
+    setting that fails to compile must not hide the others (the exit status tells)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - any compile or run error of this one case
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"  FAILED {what}: {type(e).__name__}: {first}", flush=True)
+        failures.append(what)
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="*",
@@ -134,11 +146,13 @@ def main() -> None:
     device = jax.devices()[0].device_kind
     bandwidth = BANDWIDTH.get(device)
     print(f"# ragged decode/verify attention, one layer, bf16, on {device}")
+    failures: list[str] = []
     for name in args.shapes:
         shape = SHAPES[name]
         print(f"\n## {name}: rows {shape[0]}, T {shape[1]}, heads {shape[2]}/{shape[3]}, "
-              f"head dim {shape[4]}, slots {shape[5]}, window {shape[6]}, sinks {shape[7]}")
-        check(shape, settings[0])
+              f"head dim {shape[4]}, slots {shape[5]}, window {shape[6]}, sinks {shape[7]}",
+              flush=True)
+        attempt(f"{name} check", failures, check, shape, settings[0])
         x = inputs(*shape[:6], jnp.bfloat16)
         need = bytes_read(shape, x)
         print("| path | ms | GB read | GB/s | share of HBM bandwidth |")
@@ -147,10 +161,17 @@ def main() -> None:
                                     + [(f"pallas {b.k},{b.q},{b.num_warps},{b.num_stages},"
                                         f"{b.split}",
                                         "pallas", b) for b in settings]):
-            ms = timed(make_call(path, shape, blocks, x), args.reps)
+            ms = attempt(f"{name} {label}", failures,
+                         lambda *a: timed(make_call(*a), args.reps), path, shape, blocks, x)
+            if ms is None:
+                print(f"| {label} | failed | {need / 1e9:.3f} | - | - |", flush=True)
+                continue
             rate = need / (ms * 1e-3)
             share = f"{rate / bandwidth:.0%}" if bandwidth else "-"
-            print(f"| {label} | {ms:.3f} | {need / 1e9:.3f} | {rate / 1e9:.0f} | {share} |")
+            print(f"| {label} | {ms:.3f} | {need / 1e9:.3f} | {rate / 1e9:.0f} | {share} |",
+                  flush=True)
+    if failures:
+        raise SystemExit(f"{len(failures)} failed: " + "; ".join(failures))
 
 
 if __name__ == "__main__":

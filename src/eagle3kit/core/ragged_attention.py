@@ -200,13 +200,15 @@ def _kernel(rows_ref, prefix_ref, first_ref, window_ref, q_ref, qpos_ref, mask_r
         return update(carry, k_ref[row, keys, kv_head, :], v_ref[row, keys, kv_head, :],
                       visible, kpos_ref[pl.ds(offset, chunk)])
 
-    last = chunks
+    # Both bounds int32 values on every path: Triton's scf.for needs one type, and a
+    # jnp.where of two Python ints lowers to the predicate's i1 (jax's select_n rule).
+    last = jnp.int32(chunks)
     if causal:  # no query row of this program sees a token past its own
         last_token = _div((pl.program_id(2) + 1) * rows_q - 1, group)
-        last = jnp.minimum(chunks, _div(last_token, chunk) + 1)
-    if split > 1:
-        last = jnp.where(part == split - 1, last, 0)
-    acc, m, l_sum = jax.lax.fori_loop(0, last, new_chunk, carry)
+        last = jnp.minimum(last, _div(last_token, chunk) + 1)
+    if split > 1:  # only the last split reads them
+        last = last * (part == split - 1).astype(jnp.int32)
+    acc, m, l_sum = jax.lax.fori_loop(jnp.int32(0), last, new_chunk, carry)
     if split == 1:
         out_refs[0][...] = (acc / l_sum[:, None]).astype(out_refs[0].dtype)
     else:  # unnormalised, merged by log-sum-exp afterwards
@@ -226,10 +228,10 @@ def _attend_pallas(q, k_cache, v_cache, rows, prefix, q_positions, block_mask, w
     b, t, n, h = q.shape
     _, s, kh, _ = k_cache.shape
     g = n // kh
-    block_k = min(blocks.k, 1 << (s.bit_length() - 1))  # a power of two <= S
-    if block_k < 16:
+    if s < 16 or blocks.k < 16:
         raise ValueError(f"attend_rows: the Pallas kernel needs a cache of at least 16 "
-                         f"slots, got {s}")
+                         f"slots and key blocks of at least 16, got {s} and {blocks.k}")
+    block_k = min(blocks.k, 1 << (s.bit_length() - 1))  # a power of two <= S
     chunk = min(_pow2(t), block_k)
     chunks = -(-t // chunk)
     m = t * g
