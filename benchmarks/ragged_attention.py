@@ -1,6 +1,8 @@
 """Decode/verify attention alone on a GPU: core/ragged_attention's kernel (each row's keys
-read in place up to its own length) against the XLA path as the engine runs it today (the
-cache's first `window` slots copied out, the batch's rows gathered, the mask built).
+read in place up to its own length) against the XLA path (the cache's first `window` slots
+copied out, the mask built), its rows gathered (a subset of rows in any order: the engine's
+prefill pieces) or sliced (every row in order: the engine's decode and verify steps; timed
+only, on the same cache, since the rows differ).
 
     python benchmarks/ragged_attention.py                     # check + time, all shapes
     python benchmarks/ragged_attention.py --shapes llama8b-4096 --blocks 64,64,4,2 128,64,8,3
@@ -74,11 +76,12 @@ def make_call(path: str, shape, blocks: RaggedBlocks | None, x):
     bucket = min(s, -(-longest // 256) * 256)
 
     def call(q, k, v, rows, prefix, positions, mask, sink_n):
-        if path == "xla":
+        if path.startswith("xla"):
             k, v = k[:, :bucket], v[:, :bucket]
-        return attend_rows(q, k, v, rows, prefix, positions, block_mask_BxTxT=mask,
-                           window=window, scale=h ** -0.5, sinks_N=sink_n if sinks else None,
-                           impl="xla" if path == "xla" else "pallas", blocks=blocks)
+        return attend_rows(q, k, v, None if path == "xla-sliced" else rows, prefix, positions,
+                           block_mask_BxTxT=mask, window=window, scale=h ** -0.5,
+                           sinks_N=sink_n if sinks else None,
+                           impl="pallas" if path == "pallas" else "xla", blocks=blocks)
 
     f = jax.jit(call)
     args = [x[a] for a in ("q", "k", "v", "rows", "prefix", "positions", "mask", "sinks")]
@@ -157,7 +160,8 @@ def main() -> None:
         need = bytes_read(shape, x)
         print("| path | ms | GB read | GB/s | share of HBM bandwidth |")
         print("|---|---|---|---|---|")
-        for label, path, blocks in ([("xla (window copied)", "xla", None)]
+        for label, path, blocks in ([("xla (window copied, rows gathered)", "xla", None),
+                                     ("xla (window copied, rows sliced)", "xla-sliced", None)]
                                     + [(f"pallas {b.k},{b.q},{b.num_warps},{b.num_stages},"
                                         f"{b.split}",
                                         "pallas", b) for b in settings]):

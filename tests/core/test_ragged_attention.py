@@ -141,6 +141,23 @@ def test_pallas_split_rows_equal_xla(name):
     np.testing.assert_allclose(run(c, "pallas", blocks=split), run(c, "xla"), **TOL)
 
 
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_no_rows_means_every_cache_row_in_order(impl):
+    """rows_B None (a decode step of every row, the engine's): batch row b reads cache row b,
+    as rows_B = 0..C-1 does."""
+    c = make_case(**CASES["tree-window"])
+    pick = np.arange(C) % len(ROWS)  # C batch rows: the case's queries and trees again
+    depth = c["positions"] - c["prefix"][:, None]
+    prefix = np.arange(C) * 7  # an empty row, rows of several lengths
+    c.update(q=c["q"][pick], mask=c["mask"][pick], prefix=prefix,
+             positions=prefix[:, None] + depth[pick], rows=np.arange(C))
+    expected = run(c, impl)
+    c["rows"] = None
+    np.testing.assert_allclose(run(c, impl), expected, **TOL)
+    c["rows"] = np.arange(C)[::-1]  # and rows matter: reading other rows changes the result
+    assert np.abs(run(c, impl) - expected).max() > 0.1
+
+
 def test_pallas_traced_window_and_default_blocks():
     """A window given as a traced scalar (one compiled program for local and global layers),
     0 meaning none; and the default tiles (one block covering the whole short cache)."""
