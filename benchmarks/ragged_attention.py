@@ -1,6 +1,8 @@
 """Decode/verify attention alone on a GPU: core/ragged_attention's kernel (each row's keys
-read in place up to its own length) against the XLA path as the engine runs it today (the
-cache's first `window` slots copied out, the batch's rows gathered, the mask built).
+read in place up to its own length) against the XLA path (the cache's first `window` slots
+copied out, the mask built), its rows gathered (a subset of rows in any order: the engine's
+prefill pieces) or sliced (every row in order: the engine's decode and verify steps; timed
+only, on the same cache, since the rows differ).
 
     python benchmarks/ragged_attention.py                     # check + time, all shapes
     python benchmarks/ragged_attention.py --shapes llama8b-4096 --blocks 64,64,4,2 128,64,8,3
@@ -74,11 +76,12 @@ def make_call(path: str, shape, blocks: RaggedBlocks | None, x):
     bucket = min(s, -(-longest // 256) * 256)
 
     def call(q, k, v, rows, prefix, positions, mask, sink_n):
-        if path == "xla":
+        if path.startswith("xla"):
             k, v = k[:, :bucket], v[:, :bucket]
-        return attend_rows(q, k, v, rows, prefix, positions, block_mask_BxTxT=mask,
-                           window=window, scale=h ** -0.5, sinks_N=sink_n if sinks else None,
-                           impl="xla" if path == "xla" else "pallas", blocks=blocks)
+        return attend_rows(q, k, v, None if path == "xla-sliced" else rows, prefix, positions,
+                           block_mask_BxTxT=mask, window=window, scale=h ** -0.5,
+                           sinks_N=sink_n if sinks else None,
+                           impl="pallas" if path == "pallas" else "xla", blocks=blocks)
 
     f = jax.jit(call)
     args = [x[a] for a in ("q", "k", "v", "rows", "prefix", "positions", "mask", "sinks")]
@@ -119,6 +122,18 @@ def timed(call, reps: int) -> float:
     return (time.perf_counter() - start) / reps * 1e3
 
 
+def attempt(what: str, failures: list, fn, *args):
+    """fn(*args)'s result, or None after printing the error's first line: one shape or tile
+    setting that fails to compile must not hide the others (the exit status tells)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - any compile or run error of this one case
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"  FAILED {what}: {type(e).__name__}: {first}", flush=True)
+        failures.append(what)
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="*",
@@ -134,23 +149,33 @@ def main() -> None:
     device = jax.devices()[0].device_kind
     bandwidth = BANDWIDTH.get(device)
     print(f"# ragged decode/verify attention, one layer, bf16, on {device}")
+    failures: list[str] = []
     for name in args.shapes:
         shape = SHAPES[name]
         print(f"\n## {name}: rows {shape[0]}, T {shape[1]}, heads {shape[2]}/{shape[3]}, "
-              f"head dim {shape[4]}, slots {shape[5]}, window {shape[6]}, sinks {shape[7]}")
-        check(shape, settings[0])
+              f"head dim {shape[4]}, slots {shape[5]}, window {shape[6]}, sinks {shape[7]}",
+              flush=True)
+        attempt(f"{name} check", failures, check, shape, settings[0])
         x = inputs(*shape[:6], jnp.bfloat16)
         need = bytes_read(shape, x)
         print("| path | ms | GB read | GB/s | share of HBM bandwidth |")
         print("|---|---|---|---|---|")
-        for label, path, blocks in ([("xla (window copied)", "xla", None)]
+        for label, path, blocks in ([("xla (window copied, rows gathered)", "xla", None),
+                                     ("xla (window copied, rows sliced)", "xla-sliced", None)]
                                     + [(f"pallas {b.k},{b.q},{b.num_warps},{b.num_stages},"
                                         f"{b.split}",
                                         "pallas", b) for b in settings]):
-            ms = timed(make_call(path, shape, blocks, x), args.reps)
+            ms = attempt(f"{name} {label}", failures,
+                         lambda *a: timed(make_call(*a), args.reps), path, shape, blocks, x)
+            if ms is None:
+                print(f"| {label} | failed | {need / 1e9:.3f} | - | - |", flush=True)
+                continue
             rate = need / (ms * 1e-3)
             share = f"{rate / bandwidth:.0%}" if bandwidth else "-"
-            print(f"| {label} | {ms:.3f} | {need / 1e9:.3f} | {rate / 1e9:.0f} | {share} |")
+            print(f"| {label} | {ms:.3f} | {need / 1e9:.3f} | {rate / 1e9:.0f} | {share} |",
+                  flush=True)
+    if failures:
+        raise SystemExit(f"{len(failures)} failed: " + "; ".join(failures))
 
 
 if __name__ == "__main__":

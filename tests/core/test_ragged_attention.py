@@ -141,6 +141,23 @@ def test_pallas_split_rows_equal_xla(name):
     np.testing.assert_allclose(run(c, "pallas", blocks=split), run(c, "xla"), **TOL)
 
 
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_no_rows_means_every_cache_row_in_order(impl):
+    """rows_B None (a decode step of every row, the engine's): batch row b reads cache row b,
+    as rows_B = 0..C-1 does."""
+    c = make_case(**CASES["tree-window"])
+    pick = np.arange(C) % len(ROWS)  # C batch rows: the case's queries and trees again
+    depth = c["positions"] - c["prefix"][:, None]
+    prefix = np.arange(C) * 7  # an empty row, rows of several lengths
+    c.update(q=c["q"][pick], mask=c["mask"][pick], prefix=prefix,
+             positions=prefix[:, None] + depth[pick], rows=np.arange(C))
+    expected = run(c, impl)
+    c["rows"] = None
+    np.testing.assert_allclose(run(c, impl), expected, **TOL)
+    c["rows"] = np.arange(C)[::-1]  # and rows matter: reading other rows changes the result
+    assert np.abs(run(c, impl) - expected).max() > 0.1
+
+
 def test_pallas_traced_window_and_default_blocks():
     """A window given as a traced scalar (one compiled program for local and global layers),
     0 meaning none; and the default tiles (one block covering the whole short cache)."""
@@ -177,8 +194,42 @@ def test_unknown_impl_and_a_cache_shorter_than_a_block():
     c = make_case(t=1)
     with pytest.raises(ValueError, match="unknown impl"):
         run(c, "cudnn")
+    with pytest.raises(ValueError, match="key blocks of at least 16, got 56 and 8"):
+        run(c, "pallas", blocks=RaggedBlocks(k=8, q=16, interpret=True))  # Triton's dots
     c["k"], c["v"] = c["k"][:, :8], c["v"][:, :8]
     c["prefix"] = np.array([0, 1, 2, 7])
     c["positions"] = c["prefix"][:, None]
     with pytest.raises(ValueError, match="at least 16 slots"):
         run(c, "pallas")
+
+
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("name", ["decode", "chain-20", "tree", "tree-window", "sinks-window"])
+def test_the_kernel_lowers_to_a_valid_triton_module(monkeypatch, name, split):
+    """The kernel lowered for the GPU (no GPU needed) gives a Triton module that verifies, on
+    every path: causal or a tree, one split or several, one new-token chunk or more. Interpret
+    mode cannot see this: a tree split across programs once built an scf.for whose bounds had
+    two types (i32 and i1), which only the GPU's compile refused."""
+    registration = pytest.importorskip("jax._src.pallas.triton.pallas_call_registration")
+    lower = registration.lowering.lower_jaxpr_to_triton_module
+    verified = []
+
+    def verifying(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        with result.module.operation.context:
+            verified.append(result.module.operation.verify())  # raises MLIRError if invalid
+        return result
+
+    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", verifying)
+    c = make_case(**CASES[name])
+    blocks = RaggedBlocks(k=16, q=16, split=split)
+    as_ = lambda x: None if x is None else jnp.asarray(x)  # noqa: E731
+
+    def call(q, k, v, rows, prefix, positions, mask, sinks):
+        return attend_rows(q, k, v, rows, prefix, positions, block_mask_BxTxT=mask,
+                           window=c["window"], scale=c["scale"], softcap=c["softcap"],
+                           sinks_N=sinks, impl="pallas", blocks=blocks)
+
+    args = [as_(c[x]) for x in ("q", "k", "v", "rows", "prefix", "positions", "mask", "sinks")]
+    jax.jit(call).trace(*args).lower(lowering_platforms=("cuda",))
+    assert verified == [True]

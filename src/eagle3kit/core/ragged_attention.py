@@ -65,7 +65,7 @@ class RaggedBlocks:
 
 
 def attend_rows(q_BxTxNxH: jax.Array, k_cache_CxSxKxH: jax.Array, v_cache_CxSxKxH: jax.Array,
-                rows_B: jax.Array, prefix_B: jax.Array, q_positions_BxT: jax.Array, *,
+                rows_B: jax.Array | None, prefix_B: jax.Array, q_positions_BxT: jax.Array, *,
                 block_mask_BxTxT: jax.Array | None = None, window: int | jax.Array = 0,
                 scale: float, softcap: float = 0.0, sinks_N: jax.Array | None = None,
                 impl: str = "xla", blocks: RaggedBlocks | None = None) -> jax.Array:
@@ -73,13 +73,14 @@ def attend_rows(q_BxTxNxH: jax.Array, k_cache_CxSxKxH: jax.Array, v_cache_CxSxKx
 
     q_BxTxNxH         the new tokens' queries (RoPE applied)
     k/v_cache_CxSxKxH one layer's cache; the new tokens' keys are at slots prefix..prefix+T-1
-    rows_B            the cache row of each batch row (any subset or order of 0..C-1)
+    rows_B            the cache row of each batch row (any subset or order of 0..C-1);
+                      None: every row in order (B == C; the XLA path then gathers no rows)
     prefix_B          keys before the new tokens; prefix_B[b] + T <= S
     q_positions_BxT   the new tokens' positions (for windows; prefix_B[b] + t for a chain)
     block_mask_BxTxT  query t sees new token j (None: j <= t)
     window            sliding window (0: none); an int or a traced int32 scalar
     scale, softcap, sinks_N  as blocks.attend_general (sinks: one logit per query head)
-    impl              "xla" (gathers all S slots of each row: a caller may pass the caches
+    impl              "xla" (reads all S slots of each row: a caller may pass the caches
                       cut to a static bound >= every row's prefix + T) or "pallas" (in
                       place, each row to its own length; interpret mode off GPUs)
     blocks            the kernel's tiles (default RaggedBlocks(); interpret off GPUs)
@@ -115,7 +116,9 @@ def _attend_xla(q, k_cache, v_cache, rows, prefix, q_positions, block_mask, wind
     mask = jnp.where(is_new[:, None], sees_new, (slots < prefix[:, None])[:, None])
     key_positions = jnp.where(is_new, jnp.take_along_axis(q_positions, j, axis=1), slots)
     mask = window_mask(mask, q_positions, key_positions, jnp.asarray(window, jnp.int32))
-    return attend_general(q, k_cache[rows], v_cache[rows], mask, scale, softcap, sinks)
+    if rows is not None:
+        k_cache, v_cache = k_cache[rows], v_cache[rows]
+    return attend_general(q, k_cache, v_cache, mask, scale, softcap, sinks)
 
 
 def _pow2(x: int, least: int = 16) -> int:
@@ -200,13 +203,15 @@ def _kernel(rows_ref, prefix_ref, first_ref, window_ref, q_ref, qpos_ref, mask_r
         return update(carry, k_ref[row, keys, kv_head, :], v_ref[row, keys, kv_head, :],
                       visible, kpos_ref[pl.ds(offset, chunk)])
 
-    last = chunks
+    # Both bounds int32 values on every path: Triton's scf.for needs one type, and a
+    # jnp.where of two Python ints lowers to the predicate's i1 (jax's select_n rule).
+    last = jnp.int32(chunks)
     if causal:  # no query row of this program sees a token past its own
         last_token = _div((pl.program_id(2) + 1) * rows_q - 1, group)
-        last = jnp.minimum(chunks, _div(last_token, chunk) + 1)
-    if split > 1:
-        last = jnp.where(part == split - 1, last, 0)
-    acc, m, l_sum = jax.lax.fori_loop(0, last, new_chunk, carry)
+        last = jnp.minimum(last, _div(last_token, chunk) + 1)
+    if split > 1:  # only the last split reads them
+        last = last * (part == split - 1).astype(jnp.int32)
+    acc, m, l_sum = jax.lax.fori_loop(jnp.int32(0), last, new_chunk, carry)
     if split == 1:
         out_refs[0][...] = (acc / l_sum[:, None]).astype(out_refs[0].dtype)
     else:  # unnormalised, merged by log-sum-exp afterwards
@@ -226,10 +231,10 @@ def _attend_pallas(q, k_cache, v_cache, rows, prefix, q_positions, block_mask, w
     b, t, n, h = q.shape
     _, s, kh, _ = k_cache.shape
     g = n // kh
-    block_k = min(blocks.k, 1 << (s.bit_length() - 1))  # a power of two <= S
-    if block_k < 16:
+    if s < 16 or blocks.k < 16:
         raise ValueError(f"attend_rows: the Pallas kernel needs a cache of at least 16 "
-                         f"slots, got {s}")
+                         f"slots and key blocks of at least 16, got {s} and {blocks.k}")
+    block_k = min(blocks.k, 1 << (s.bit_length() - 1))  # a power of two <= S
     chunk = min(_pow2(t), block_k)
     chunks = -(-t // chunk)
     m = t * g
@@ -244,6 +249,7 @@ def _attend_pallas(q, k_cache, v_cache, rows, prefix, q_positions, block_mask, w
     # Longest rows first (kv heads vary fastest in the launch order): no long row is left
     # to run alone at the end.
     order = jnp.argsort(-prefix)
+    rows = jnp.arange(b) if rows is None else rows
     q, rows, prefix, q_positions = q[order], rows[order], prefix[order], q_positions[order]
 
     # Query rows of each kv head: (token, head in the group) pairs, the pad rows zero.

@@ -484,12 +484,17 @@ class RowAttention:
     This is `core/ragged_attention.attend_rows`'s contract: with `rows_impl="xla"` the path
     below reads the first `window` slots of the rows; with "pallas" the kernel reads each row
     in place up to its own length (a first prefill, which reads no cache, stays below).
+
+    The XLA path slices the window when the batch is every cache row in order (`rows_B`
+    None: decode and verify steps) and gathers it by `rows_B` only for a subset (prefill
+    pieces). Decode steps that gathered every row ran at half the speed of the engine
+    before them, which sliced (H100, the 8B shape).
     """
 
     cfg: TargetConfig
     ks: list  # per layer [C,S,K,H], updated in place (the caller's lists)
     vs: list
-    rows_B: jax.Array
+    rows_B: jax.Array | None  # None: batch row b is cache row b, every row (decode, verify)
     prefix_B: jax.Array
     q_positions_BxT: jax.Array
     block_mask_BxTxT: jax.Array | None
@@ -500,7 +505,8 @@ class RowAttention:
     def __call__(self, q, k, v, layer: int, sinks):
         b, t = self.q_positions_BxT.shape
         slots = self.prefix_B[:, None] + jnp.arange(t)[None, :]
-        ks, vs, rows = self.ks, self.vs, self.rows_B
+        ks, vs = self.ks, self.vs
+        rows = jnp.arange(b) if self.rows_B is None else self.rows_B
         ks[layer] = ks[layer].at[rows[:, None], slots].set(k.astype(ks[layer].dtype),
                                                            mode="drop")
         vs[layer] = vs[layer].at[rows[:, None], slots].set(v.astype(vs[layer].dtype),
@@ -518,7 +524,9 @@ class RowAttention:
         if self.window == 0:  # the new tokens start their rows: nothing cached to read
             keys, values, mask, key_positions = k, v, block, self.q_positions_BxT
         else:
-            keys, values = ks[layer][rows, : self.window], vs[layer][rows, : self.window]
+            keys, values = ks[layer][:, : self.window], vs[layer][:, : self.window]
+            if self.rows_B is not None:  # a subset of the rows (prefill pieces)
+                keys, values = keys[self.rows_B], values[self.rows_B]
             rel = jnp.arange(self.window)[None, :] - self.prefix_B[:, None]  # B,W
             new = (rel >= 0) & (rel < t)
             j = jnp.clip(rel, 0, t - 1)
@@ -558,17 +566,16 @@ def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
     window   otherwise keys are read from the first `window` slots of the row (a static
              bound >= every prefix + T: decoding reads no more of the cache than the longest
              sequence needs).
-    rows_impl  "xla" (that window, gathered) or "pallas" (core/ragged_attention's kernel:
-             each row read in place up to its own prefix + T; `window` is then unused).
+    rows_impl  "xla" (that window: sliced, or gathered for `rows_B`) or "pallas"
+             (core/ragged_attention's kernel: each row read in place up to its own
+             prefix + T; `window` is then unused).
 
     Writes past the cache's end are dropped.
     """
-    b, t = tokens_BxT.shape
-    rows = jnp.arange(b) if rows_B is None else rows_B
     prefix = positions_BxT[:, 0] if prefix_B is None else prefix_B
     window = 0 if prefill else cache.k[0].shape[1] if window is None else window
     ks, vs = list(cache.k), list(cache.v)
-    attention = RowAttention(cfg, ks, vs, rows, prefix, positions_BxT, block_mask_BxTxT, window,
-                             rows_impl=rows_impl)
+    attention = RowAttention(cfg, ks, vs, rows_B, prefix, positions_BxT, block_mask_BxTxT,
+                             window, rows_impl=rows_impl)
     out = _loop_layers(w, cfg, tokens_BxT, positions_BxT, attention, aux_layer_ids)
     return out, RowCache(ks, vs)

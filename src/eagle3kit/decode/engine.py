@@ -75,7 +75,7 @@ class EngineConfig:
     sampling: Sampling = Sampling()
     seed: int = 0
     repetition: Repetition | None = None  # end answers that loop (None: never)
-    attention: str = "xla"  # how steps read the KV cache: "xla" (a window gathered) or
+    attention: str = "xla"  # how steps read the KV cache: "xla" (a window sliced out) or
     # "pallas" (core/ragged_attention: each row in place to its own length; not yet the
     # default: its GPU speed is to be measured, benchmarks/gpu_session.sh engine)
 
