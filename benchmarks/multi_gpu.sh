@@ -9,6 +9,9 @@
 #   bash benchmarks/multi_gpu.sh procs  # SmolLM2: `train` as N processes of one GPU
 #                                       # (jax.distributed) vs one process of N; `regenerate`
 #                                       # on 1 GPU, --mesh data=N and --shard I/N, compared
+#   KV=pallas bash benchmarks/multi_gpu.sh shards  # regenerate alone: one process vs N
+#                                       # --shard processes, byte for byte (ONE_GPU=1: the
+#                                       # shards one after another on one GPU)
 #   bash benchmarks/multi_gpu.sh gen    # generated tokens/s, SmolLM2 (ShareGPT first turns)
 #                                       # and the 8B shape: --mesh data=N vs N --shard processes
 #
@@ -175,6 +178,35 @@ procs)
   tar czf "$OUTDIR/procs.tgz" -C "$D" $(cd "$D" && ls ./*.log regen-*.jsonl) one/metrics.jsonl \
     many/metrics.jsonl
   ;;
+shards)  # regenerate alone: one process of one GPU vs N --shard processes, byte for byte;
+  # KV=xla|pallas (--kv-attention); ONE_GPU=1 runs the shards one after another on GPU 0
+  # (a one-GPU machine: the same question, whether a request's answer depends on its
+  # neighbours)
+  kv=${KV:-xla} D=$STASH/shards-${KV:-xla}; rm -rf "$D"; mkdir -p "$D"
+  [ -s "$STASH/chats.jsonl" ] || $E3K mix "$SG" --seed 0 -o "$STASH/chats.jsonl"
+  R=(regenerate --target "$GGUF" -i "$STASH/chats.jsonl" --turns first "${REGEN[@]}"
+     --kv-attention "$kv" --slots 32)
+  env $(one_device 0) $E3K "${R[@]}" -o "$D/whole.jsonl" > "$D/whole.log" 2>&1
+  for i in $(seq 0 $((N - 1))); do
+    if [ "${ONE_GPU:-0}" = 1 ]; then
+      env $(one_device 0) $E3K "${R[@]}" --shard "$i/$N" -o "$D/shard$i.jsonl" \
+        > "$D/shard$i.log" 2>&1
+    else
+      spawn "$D/shard$i.log" env $(one_device "$i") $E3K "${R[@]}" --shard "$i/$N" \
+        -o "$D/shard$i.jsonl"
+    fi
+  done
+  join_all || { show_logs "$D"/*.log; exit 1; }
+  for i in $(seq 0 $((N - 1))); do cat "$D/shard$i.jsonl"; done > "$D/shards.jsonl"
+  if cmp -s "$D/whole.jsonl" "$D/shards.jsonl"; then
+    echo "kv $kv: $N shards == one process, byte for byte ($(wc -l < "$D/whole.jsonl") records)"
+  else
+    echo "kv $kv: $N shards != one process: $(diff "$D/whole.jsonl" "$D/shards.jsonl" \
+      | grep -c '^>' || true) of $(wc -l < "$D/whole.jsonl") records differ"
+  fi | tee "$OUTDIR/shards-$kv.md"
+  grep -h "tok/s over" "$D"/*.log | tee -a "$OUTDIR/shards-$kv.md"
+  tar czf "$OUTDIR/shards-$kv.tgz" -C "$D" .
+  ;;
 gen)
   gen_pair() {  # NAME "PROMPTS ROWS" (per GPU) generate_speed.py source args...:
     # --mesh data=N in one process, then N --shard processes of one GPU
@@ -201,5 +233,5 @@ gen)
   fi
   ;;
 *)
-  echo "unknown stage ${1:-}; one of scale, procs, gen" >&2; exit 2 ;;
+  echo "unknown stage ${1:-}; one of scale, procs, shards, gen" >&2; exit 2 ;;
 esac

@@ -176,6 +176,25 @@ def test_rows_split_over_data_devices_write_the_same_file(target, chats, referen
     assert r.stdout_bytes == reference
 
 
+def test_the_ragged_kernel_writes_the_same_answers(target, chats, reference):
+    """`--kv-attention pallas` reads each row's keys in place (interpret mode on a CPU): the
+    same records as the window path's; on a mesh it is refused in one line."""
+    r = regenerate("--target", target, *COMMON, "--kv-attention", "pallas", "--limit", "2",
+                   input=chats.read_bytes())
+    assert r.exit_code == 0, r.output
+    assert " GiB, read by the ragged kernel)" in r.output
+    got = records(r.stdout_bytes)
+    assert len(got) == 2 and got == records(reference)[:2]
+    args = [a for a in COMMON if a not in ("--mesh", "data=1,tensor=1")]
+    for extra, words in ((["--mesh", "data=2,tensor=1"], "run one process per GPU with "
+                          "--shard I/N"), (["--mesh", "data=1,tensor=1", "--kv-attention",
+                                            "flash"], "--kv-attention 'flash'")):
+        r = regenerate("--target", target, *args, "--kv-attention", "pallas", *extra,
+                       input=chats.read_bytes())
+        assert r.exit_code == 2 and words in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1
+
+
 def test_conversations_that_cannot_be_answered_are_counted_not_fatal(target):
     ok = ChatRecord("ok", "t", [Message("user", "Hi"), Message("assistant", "Hello")])
     no_user = ChatRecord("nouser", "t", [Message("assistant", "Welcome!")])

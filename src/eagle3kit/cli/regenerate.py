@@ -82,6 +82,11 @@ def regenerate(
                                    "steps per device program between host syncs."),
     mesh: Mesh = None,
     target_dtype: TargetDtype = "bfloat16",
+    kv_attention: str = typer.Option("xla", "--kv-attention", help="Local engine: how "
+                                     "decoding reads the KV cache: xla (each step's window "
+                                     "of every row), or pallas (a GPU kernel reading each "
+                                     "row in place to its own length; 2.3x xla on an H100 "
+                                     "at the Llama-3.1-8B shape, not yet the default)."),
     endpoint: str | None = typer.Option(None, help="Generate through an OpenAI-compatible "
                                         "server (vLLM, SGLang) at this base URL instead of "
                                         "loading the target here."),
@@ -120,7 +125,8 @@ def regenerate(
         drop_truncated=drop_truncated, repeat_copies=repeat_copies,
         repeat_min_tokens=repeat_min_tokens, repeat_max_block=repeat_max_block,
         on_repetition=on_repetition, limit=limit, shard=shard, resume=resume, force=force, slots=slots,
-        sync_every=sync_every, mesh=mesh, target_dtype=target_dtype, endpoint=endpoint,
+        sync_every=sync_every, mesh=mesh, target_dtype=target_dtype,
+        kv_attention=kv_attention, endpoint=endpoint,
         model=model, concurrency=concurrency, timeout=timeout, retries=retries)
     run(cfg, console)
 

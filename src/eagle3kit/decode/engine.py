@@ -5,7 +5,8 @@ S slots (`target.RowCache`, the only cache layout of the target): a row's keys s
 own RoPE positions, so every row has its own length, and a row that finishes takes the next
 pending request at once. Programs are compiled once per shape:
 
-    prefill   P new prompts (padded to a bucket of P rows x T tokens) start in free rows: one
+    prefill   P new prompts (P fixed: C/16 rows, at least one per data-parallel device;
+              padded to T tokens, a bucket of the piece's own length) start in free rows: one
               forward writes their keys and samples each one's first token (speculative:
               and captures the states the draft's step-0 entries of the prompt are made
               of). Prompts longer than `prefill_chunk` go in pieces that read the keys
@@ -133,13 +134,10 @@ def window_bucket(n: int, limit: int) -> int:
     return min(w, limit)
 
 
-def rows_bucket(n: int, low: int) -> int:
-    """Prefill rows: `low` times a power of four >= n (few programs; the engine sets `low` to
-    a sixteenth of its rows, so a refill of one row pads to 1/16 of a full prefill)."""
-    p = max(low, 1)
-    while p < n:
-        p *= 4
-    return p
+def prefill_batch(c: int, ways: int = 1) -> int:
+    """P, the rows of every prefill program: a sixteenth of the C cache rows, a multiple of the
+    data-parallel ways (each device prefills its share), at most C."""
+    return min(-(-max(c // 16, 1) // ways) * ways, c)
 
 
 def logits(w: target.LayerList, hidden_BxD: jax.Array) -> jax.Array:
@@ -338,6 +336,7 @@ class Engine:
         self.generated_tokens = 0
         self.device_steps = 0  # decode or verify steps run (each advances every live row)
         self.programs: set[tuple] = set()  # compiled shapes, for reporting
+        self.prefill_batch = prefill_batch(cfg.rows, batch_ways(mesh))
         dtype = self.w.embed.dtype
         cache_spec = NamedSharding(mesh, spec_for(("batch", None, "act_heads", None)))
         draft_spec = NamedSharding(mesh, spec_for(("batch", None, None, None)))
@@ -362,6 +361,9 @@ class Engine:
                 out_shardings=draft_cache.DraftKV(draft_spec, draft_spec))()
         if cfg.attention not in ("xla", "pallas"):
             raise ValueError(f"EngineConfig.attention {cfg.attention!r}: xla or pallas")
+        if cfg.attention == "pallas" and mesh.devices.size > 1:
+            raise ValueError(f"the ragged kernel (attention 'pallas') runs on one device, not "
+                             f"a mesh of {mesh.devices.size}: run one process per GPU")
         self._prefill, self._step = _programs(
             tcfg, cfg.sampling, spec and (spec.dcfg, spec.dec), data, cfg.attention)
         self._repeats = cfg.repetition and Detector(cfg.repetition, cfg.rows)
@@ -424,15 +426,20 @@ class Engine:
                 first = start[i] == 0
                 window = 0 if first else self.cfg.max_context
                 groups[(first, t, window)].append(i)
+            # P rows per prefill program, always the same P: a prompt's sums must not depend
+            # on how many others were admitted with it (a matmul's rounding depends on its
+            # shape, and a near-tie would turn the answer), and a refill of one row pays for
+            # P rows, a sixteenth of the cache's
+            p = self.prefill_batch
             for (first, t, window), members in sorted(groups.items()):
-                done += self._prefill_group(members, start, first, t, window)
+                for k in range(0, len(members), p):
+                    done += self._prefill_group(members[k: k + p], start, first, t, window)
             rows = [i for i in rows if self.rows[i] is not None
                     and self.rows[i].remaining_prompt > 0]
         return done
 
     def _prefill_group(self, members, start, first, t, window) -> list[Completion]:
-        c = self.cfg.rows
-        p = min(rows_bucket(len(members), max(batch_ways(self.mesh), c // 16)), c)
+        c, p = self.cfg.rows, self.prefill_batch
         tokens, following = np.zeros((p, t), np.int32), np.zeros((p, t), np.int32)
         rows = np.full((p,), c, np.int32)  # padding rows write nowhere
         starts, lengths = np.zeros((p,), np.int32), np.ones((p,), np.int32)
@@ -550,7 +557,7 @@ def memory_estimate(tcfg: TargetConfig, cfg: EngineConfig, dtype: Any,
             jnp.dtype(spec.draft_w.fc.dtype).itemsize
     step = (tcfg.num_layers * c * s * kv + c * t * tcfg.num_heads * s * 4
             + 3 * c * t * tcfg.vocab_size * 4)
-    p, piece = max(1, c // 16), min(cfg.prefill_chunk, s)
+    p, piece = prefill_batch(c), min(cfg.prefill_chunk, s)
     prefill = (p * piece * tcfg.num_heads * s * 4 + 4 * p * piece * tcfg.intermediate_size
                * item + p * tcfg.vocab_size * 4)
     return {"cache": cache, "temporaries": max(step, prefill)}

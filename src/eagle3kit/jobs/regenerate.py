@@ -89,6 +89,7 @@ class RegenerateConfig:
     sync_every: int = 32
     mesh: str | None = None
     target_dtype: str = "bfloat16"
+    kv_attention: str = "xla"  # EngineConfig.attention
     # remote server
     endpoint: str | None = None
     model: str | None = None
@@ -139,6 +140,8 @@ def check_config(cfg: RegenerateConfig) -> tuple[int, int]:
         load_chat_template(cfg.chat_template)
     if cfg.slots < 1 or cfg.sync_every < 1 or cfg.concurrency < 1:
         raise UserError("--slots, --sync-every and --concurrency must be >= 1")
+    if cfg.kv_attention not in ("xla", "pallas"):
+        raise UserError(f"--kv-attention {cfg.kv_attention!r}: choose xla or pallas")
     index, count = 0, 1
     if cfg.shard:
         i, _, n = cfg.shard.partition("/")
@@ -585,17 +588,24 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
 
     compile_cache()
     mesh = make_mesh(cfg.mesh)
+    if cfg.kv_attention == "pallas" and mesh.devices.size > 1:
+        raise UserError(f"--kv-attention pallas reads the cache on one device, not the "
+                        f"{mesh.devices.size} of --mesh: run one process per GPU with --shard "
+                        f"I/N (faster than one process over a mesh, docs/recipes.md)")
     t0 = time.perf_counter()
     # unstacked one array at a time: never two copies of the target at once
     weights = unstack_in_place(load_target(ckpt, mesh, common.DTYPES[cfg.target_dtype]),
                                ckpt.config)
     engine = Engine(ckpt.config, weights, mesh, sorted(stops), EngineConfig(
         rows=cfg.slots, max_context=cfg.max_context, sync_every=cfg.sync_every,
+        attention=cfg.kv_attention,
         sampling=Sampling(cfg.temperature, cfg.top_p, cfg.top_k), seed=cfg.seed,
         repetition=Repetition(cfg.repeat_copies, cfg.repeat_min_tokens, cfg.repeat_max_block)
         if cfg.repeat_copies else None))
     console.print(f"regenerate with {ckpt.config.name} on {jax.device_count()} x "
                   f"{jax.devices()[0].device_kind} (mesh {','.join(f'{k}={v}' for k, v in mesh.shape.items())}; weights loaded "
                   f"in {time.perf_counter() - t0:.1f}s; {cfg.slots} slots x {cfg.max_context} "
-                  f"positions, KV cache {engine.cache_bytes / 2**30:.2f} GiB)", soft_wrap=True)
+                  f"positions, KV cache {engine.cache_bytes / 2**30:.2f} GiB"
+                  f"{', read by the ragged kernel' if cfg.kv_attention == 'pallas' else ''})",
+                  soft_wrap=True)
     return engine
