@@ -157,6 +157,34 @@ def test_steps_of_every_row_slice_the_cache_window_not_gather_it(tmp_path):
     assert cache_gathers(4, jnp.asarray([2, 0])) == 2 * cfg.num_layers  # keys and values
 
 
+def test_rows_over_data_devices_step_without_talking_to_each_other(tmp_path):
+    """Decode and verify steps with the rows split over data=4 write each row's new keys on
+    the device that holds the row: the compiled step has no collective. (An index scatter
+    into the sharded cache was partitioned by all-gathering every row's new keys, values
+    and slots to every device, three collectives per layer and step.)"""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from eagle3kit.core.sharding import use_mesh
+
+    assets.tiny_hf_model("llama", tmp_path)
+    ckpt = resolve_target(tmp_path)
+    cfg = ckpt.config
+    mesh = make_mesh("data=4,tensor=1", jax.devices()[:4])
+    layers = target.unstack(load_target(ckpt, mesh, jnp.float32), cfg)
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    c, s = 8, 64
+    cache = jax.device_put(target.RowCache.zeros(cfg, c, s, jnp.float32), rows)
+    collective = re.compile(r"all-gather|all-reduce|all-to-all|collective-permute")
+    for t in (1, 4):  # decode, verify
+        tokens = jax.device_put(jnp.zeros((c, t), jnp.int32), rows)
+        positions = jax.device_put(5 + jnp.zeros((c, t), jnp.int32) + jnp.arange(t), rows)
+        with use_mesh(mesh):
+            text = jax.jit(lambda tok, pos, cache: target.forward_rows(
+                layers, cfg, tok, pos, cache, window=32)).lower(
+                tokens, positions, cache).compile().as_text()
+        assert not collective.findall(text), f"T={t}: {sorted(set(collective.findall(text)))}"
+
+
 def test_packed_segments_do_not_attend_across(tmp_path):
     assets.tiny_hf_model("llama", tmp_path)
     ckpt = resolve_target(tmp_path)

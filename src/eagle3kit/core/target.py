@@ -507,10 +507,19 @@ class RowAttention:
         slots = self.prefix_B[:, None] + jnp.arange(t)[None, :]
         ks, vs = self.ks, self.vs
         rows = jnp.arange(b) if self.rows_B is None else self.rows_B
-        ks[layer] = ks[layer].at[rows[:, None], slots].set(k.astype(ks[layer].dtype),
-                                                           mode="drop")
-        vs[layer] = vs[layer].at[rows[:, None], slots].set(v.astype(vs[layer].dtype),
-                                                           mode="drop")
+        if self.rows_B is None:  # row b's keys into cache row b, on the device holding it
+            # (an index scatter over rows split across devices all-gathers every row's keys
+            # and slots to every device first: three collectives per layer and step). A
+            # slice past the cache's end would be clamped, not dropped; the engine admits no
+            # request whose answer and one step's writes do not fit its row (Engine.check).
+            put = jax.vmap(lambda c, x, p: jax.lax.dynamic_update_slice(c, x, (p, 0, 0)))
+            ks[layer] = put(ks[layer], k.astype(ks[layer].dtype), self.prefix_B)
+            vs[layer] = put(vs[layer], v.astype(vs[layer].dtype), self.prefix_B)
+        else:
+            ks[layer] = ks[layer].at[rows[:, None], slots].set(k.astype(ks[layer].dtype),
+                                                               mode="drop")
+            vs[layer] = vs[layer].at[rows[:, None], slots].set(v.astype(vs[layer].dtype),
+                                                               mode="drop")
         block = self.block_mask_BxTxT
         if self.window and self.rows_impl != "xla":
             windows = self.cfg.layer_windows
