@@ -28,6 +28,7 @@
 #     unpack): the 8B shape's tokens/s and HBM share, SmolLM2 on real ShareGPT first turns,
 #     batched speculative decoding (chain K=3 and 5/4/8 at batch 1, 8, 32) with the main
 #     job's draft; run it on main's checkout too (TAG=-before), on the same machine
+#   bash benchmarks/gpu_session.sh ragged  # the decode/verify kernel alone vs XLA, every shape
 #   bash benchmarks/gpu_session.sh pack    # the trained draft's export, split into $OUT parts
 #
 # issue 23, the base Gemma-3-270M (examples/gemma3_270m_sharegpt.sh; after setup and join,
@@ -213,6 +214,10 @@ engine)  # issue 22: the one engine's speeds; files engine_*${TAG}.* in $OUT. AT
   python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$DRAFT" \
     --prompts mt-bench --limit "${LIMIT:-40}" --steps 3,5/4/8 --max-new-tokens 256 --json \
     --concurrency 1,8,32 | tee "$OUTDIR/engine_spec${TAG:-}.txt"
+  ;;
+ragged)  # issue 22: the ragged kernel alone against the XLA path (rows gathered and sliced),
+  # every shape of benchmarks/ragged_attention.py; a failing shape is named and skipped
+  python3 benchmarks/ragged_attention.py 2>&1 | grep -v '\\x' | tee "$OUTDIR/ragged${TAG:-}.md"
   ;;
 gcarry)
   for d in .stash/g[1-5]; do [ -d "$d" ] && cp "$d"/gemma.part.* "$STASH"/; done
