@@ -135,12 +135,30 @@ def tiny_hf_model(family: str, directory: Path, seed: int = 0, **overrides):
 
 
 def torch_from_gguf(path: Path):
-    """The model of a GGUF file as transformers loads it (dequantised, fp32, eval mode)."""
+    """The model of a GGUF file as transformers loads it (dequantised, fp32, eval mode).
+
+    transformers opens the file with the `gguf` package's GGUFReader twice, for the config and
+    for the weights, and each parses the whole header (Gemma-3's 262,144-token vocabulary:
+    10-20 s): the second gets the first's reader, so the file is parsed once."""
+    import gguf
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32)
+    open_reader, first = gguf.GGUFReader, []
+
+    def shared(p, *args, **kwargs):
+        if args or kwargs or Path(p) != path:
+            return open_reader(p, *args, **kwargs)
+        if not first:
+            first.append(open_reader(p))
+        return first[0]
+
+    gguf.GGUFReader = shared
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32)
+    finally:
+        gguf.GGUFReader = open_reader
     model.eval()
     return model
 

@@ -69,7 +69,7 @@ def _gguf_tokenizer(path: Path) -> Any:
     """A GGUF file's tokenizer, as transformers builds it, without torch.
 
     transformers' own GGUF loading imports torch only to read the file (5.17+: its reader;
-    before: `load_gguf_checkpoint`). Here the `gguf` package reads the metadata and
+    before: `load_gguf_checkpoint`). Here io.gguf reads the metadata and
     transformers' converter builds the tokenizer from it, as `AutoTokenizer.from_pretrained(
     dir, gguf_file=...)` does (tests/data/test_tokenizer.py checks they agree). A transformers
     without that converter module (< 5.18) takes its own path, which needs torch.
@@ -86,8 +86,7 @@ def _gguf_tokenizer(path: Path) -> Any:
 
     from eagle3kit.io.gguf import open_reader
 
-    reader = open_reader(path)
-    meta = {k: f.contents() for k, f in reader.fields.items()
+    meta = {k: v for k, v in open_reader(path).fields.items()
             if k.startswith("tokenizer.") or k == "general.architecture"}
     grouped = {group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items()
                        if f"tokenizer.{key}" in meta}

@@ -1,8 +1,8 @@
 """GGUF checkpoints: config from the header, tensors dequantised to float32 with HF names.
 
-Uses the `gguf` package only (no torch): its `dequantize` reads every type it knows (F32,
-F16, BF16, Q4_0..Q8_0, the K-quants Q2_K..Q6_K, ...), so a tensor here is exactly the
-package's. Two llama.cpp conventions are undone, as transformers does, so a GGUF and a
+The header is read here (GGUFHeader), the tensors dequantised by the `gguf` package (no
+torch): its `dequantize` reads every type it knows (F32, F16, BF16, Q4_0..Q8_0, the K-quants
+Q2_K..Q6_K, ...), so a tensor here is exactly the package's. Two llama.cpp conventions are undone, as transformers does, so a GGUF and a
 safetensors copy of one model give the same weights: Llama-family Q and K projections are
 stored with the rotary halves interleaved (permuted back here), and Gemma's norms are stored
 as `1 + w` (the HF weight is `w`; its RMSNorm multiplies by `1 + w`).
@@ -15,10 +15,13 @@ local rope base of 10,000, and queries scaled by head_dim^-1/2 (hidden/heads for
 from __future__ import annotations
 
 import functools
+import math
+import mmap
 import os
 import re
+import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -70,28 +73,151 @@ def _hf_name(name: str, arch: str = "") -> str | None:
     return None
 
 
-def _field(reader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    value = f.contents()
-    return value
+def _field(reader: GGUFHeader, key: str, default: Any = None) -> Any:
+    return reader.fields.get(key, default)
 
 
-def open_reader(path: str | os.PathLike):
-    """The `gguf` package's reader of `path`, shared in a process: parsing the header of a
-    file with a large vocabulary takes seconds (Gemma-3's 262,144 token strings: ~10 s), and
-    a command reads it for the tokenizer and again for the weights."""
+def open_reader(path: str | os.PathLike) -> GGUFHeader:
+    """The header of the GGUF file `path`, shared in a process: a command reads it for the
+    tokenizer and again for the weights."""
     p = Path(path).resolve()
     stat = p.stat()
     return _reader(p, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=2)
-def _reader(path: Path, mtime_ns: int, size: int):
-    from gguf import GGUFReader
+def _reader(path: Path, mtime_ns: int, size: int) -> GGUFHeader:
+    return GGUFHeader(path)
 
-    return GGUFReader(path)
+
+class GGUFTensor(NamedTuple):
+    """One tensor's entry in the header: `dims` in GGUF order (fastest first), `data` a view
+    of the file laid out as the `gguf` package's reader lays it out (what `dequantize` takes:
+    the elements for plain types, bytes per row for quantised ones)."""
+
+    name: str
+    tensor_type: int
+    dims: tuple[int, ...]
+    data: np.ndarray
+
+
+# GGUF value types: 0-7 and 10-12 scalars (struct format), 8 a string, 9 an array
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+            12: "d"}
+_STRING, _ARRAY = 8, 9
+_NUMPY = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "?", 10: "u8",
+          11: "i8", 12: "f8"}
+# plain (unquantised) tensor types and their element dtypes; the rest are bytes
+_PLAIN = {0: "f4", 1: "f2", 24: "i1", 25: "i2", 26: "i4", 27: "i8", 28: "f8"}
+
+
+class GGUFHeader:
+    """A GGUF file's key/values (`fields`: key -> Python value, arrays as lists) and tensor
+    entries (`tensors`), the tensor data mapped, not read.
+
+    Read here rather than by the `gguf` package's `GGUFReader`, which makes numpy views of
+    every part of every value: Gemma-3's 262,144-token vocabulary took it 11-17 s a read (each
+    `tokenize`, `train`, `eval` and `regenerate` command reads one); numeric arrays come in
+    one `np.frombuffer` here and strings in one pass, well under a second.
+    """
+
+    def __init__(self, path: Path):
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        buf = self._map
+        if buf[:4] != b"GGUF":
+            raise ValueError("GGUF magic invalid")
+        self._order = "<"
+        (version,) = struct.unpack_from("<I", buf, 4)
+        if version & 0xFFFF == 0:  # written on a big-endian machine
+            self._order = ">"
+            (version,) = struct.unpack_from(">I", buf, 4)
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version} (supported: 2, 3)")
+        n_tensors, n_fields = self._unpack("QQ", 8)
+        self._offset = 24
+        self.fields: dict[str, Any] = {}
+        for _ in range(n_fields):
+            key = self._string()
+            if key in self.fields:
+                raise ValueError(f"duplicate key {key!r}")
+            self.fields[key] = self._value(self._unpack1("I"))
+        infos = []
+        for _ in range(n_tensors):
+            name = self._string()
+            dims = self._unpack("Q" * self._unpack1("I"))
+            infos.append((name, self._unpack1("I"), dims, self._unpack1("Q")))
+        align = self.fields.get("general.alignment", 32)
+        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+            raise ValueError(f"bad general.alignment {align!r}")
+        start = -(-self._offset // align) * align
+        self.tensors = [self._tensor(start, *info) for info in infos]
+        if len({t.name for t in self.tensors}) != len(self.tensors):
+            raise ValueError("duplicate tensor names")
+
+    def _unpack(self, fmt: str, offset: int | None = None) -> tuple:
+        fmt = self._order + fmt
+        if offset is not None:
+            return struct.unpack_from(fmt, self._map, offset)
+        values = struct.unpack_from(fmt, self._map, self._offset)
+        self._offset += struct.calcsize(fmt)
+        return values
+
+    def _unpack1(self, fmt: str) -> Any:
+        return self._unpack(fmt)[0]
+
+    def _string(self) -> str:
+        n = self._unpack1("Q")
+        end = self._offset + n
+        if end > len(self._map):
+            raise ValueError("truncated string")
+        text = self._map[self._offset:end].decode("utf-8")
+        self._offset = end
+        return text
+
+    def _value(self, kind: int) -> Any:
+        if kind in _SCALARS:
+            return self._unpack1(_SCALARS[kind])
+        if kind == _STRING:
+            return self._string()
+        if kind != _ARRAY:
+            raise ValueError(f"unknown GGUF value type {kind}")
+        item, n = self._unpack("IQ")
+        if item in _NUMPY:
+            dtype = np.dtype(_NUMPY[item]).newbyteorder(self._order)
+            values = np.frombuffer(self._map, dtype, n, self._offset)
+            self._offset += values.nbytes
+            return values.tolist()
+        if item == _STRING:  # the vocabulary: one pass, no struct call per token
+            return self._strings(n)
+        return [self._value(item) for _ in range(n)]
+
+    def _strings(self, n: int) -> list[str]:
+        buf, offset, out = self._map, self._offset, []
+        size = "little" if self._order == "<" else "big"
+        for _ in range(n):
+            length = int.from_bytes(buf[offset:offset + 8], size)
+            offset += 8
+            out.append(buf[offset:offset + length].decode("utf-8"))
+            offset += length
+        if offset > len(buf):
+            raise ValueError("truncated string array")
+        self._offset = offset
+        return out
+
+    def _tensor(self, start: int, name: str, kind: int, dims: tuple, offset: int) -> GGUFTensor:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import quant_shape_to_byte_shape
+
+        shape = tuple(reversed(dims))
+        if kind in _PLAIN:
+            dtype = np.dtype(_PLAIN[kind]).newbyteorder(self._order)
+        else:
+            dtype = np.dtype(np.uint8)
+            shape = quant_shape_to_byte_shape(shape, GGMLQuantizationType(kind))
+        count = math.prod(shape)
+        data = np.frombuffer(self._map, dtype, count, start + offset).reshape(shape)
+        return GGUFTensor(name, kind, dims, data)
 
 
 class GGUFCheckpoint:
@@ -130,7 +256,7 @@ class GGUFCheckpoint:
 
         hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
         embed = self._tensors["model.embed_tokens.weight"]
-        vocab = int(get("vocab_size", embed.shape[-1]))
+        vocab = int(get("vocab_size", embed.dims[-1]))
         head_dim = int(get("attention.key_length", hidden // heads))
         cfg: dict[str, Any] = {
             "architectures": [_CLASSES[a]],
@@ -193,7 +319,7 @@ class GGUFCheckpoint:
         return list(self._tensors)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(d) for d in reversed(self._tensors[name].shape))
+        return tuple(reversed(self._tensors[name].dims))
 
     def get(self, name: str) -> np.ndarray:
         from gguf import GGMLQuantizationType
