@@ -85,8 +85,8 @@ def regenerate(
     kv_attention: str = typer.Option("xla", "--kv-attention", help="Local engine: how "
                                      "decoding reads the KV cache: xla (each step's window "
                                      "of every row), or pallas (a GPU kernel reading each "
-                                     "row in place to its own length; 2.3x xla on an H100 "
-                                     "at the Llama-3.1-8B shape, not yet the default)."),
+                                     "row in place to its own length; one device per "
+                                     "process; not yet the default)."),
     endpoint: str | None = typer.Option(None, help="Generate through an OpenAI-compatible "
                                         "server (vLLM, SGLang) at this base URL instead of "
                                         "loading the target here."),
