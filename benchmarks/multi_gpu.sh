@@ -83,6 +83,13 @@ show_logs() { local f; for f in "$@"; do echo "== $f"; grep -v '^ *@ ' "$f" | ta
 # name has '=' or ','; scaling_table.py reads it back)
 mesh_file() { echo "$OUTDIR/scale/${1}__$(echo "$2" | tr -d '=' | tr ',' '.').txt"; }
 
+same_file() {  # LABEL REFERENCE OTHER: byte for byte, or how many records differ
+  local n; n=$(wc -l < "$2")
+  if cmp -s "$2" "$3"; then echo "$1 == $(basename "$2"), byte for byte ($n records)"
+  else echo "$1 != $(basename "$2"): $(diff "$2" "$3" | grep -c '^>' || true) of $n records differ"
+  fi
+}
+
 train_step() {  # NAME MESH train_step.py args...; $WITH: that run's environment
   local name=$1 mesh=$2 f; shift 2
   f=$(mesh_file "$name" "$mesh")
@@ -167,12 +174,7 @@ procs)
     | tee "$OUTDIR/procs-train.md"
   cat "$D"/regen-shard?.jsonl > "$D/regen-shards.jsonl"
   for f in shards mesh; do
-    if cmp -s "$D/regen-1gpu.jsonl" "$D/regen-$f.jsonl"; then
-      echo "regenerate $f == one GPU, byte for byte ($(wc -l < "$D/regen-1gpu.jsonl") records)"
-    else
-      echo "regenerate $f != one GPU: $(diff <(cat "$D/regen-1gpu.jsonl") "$D/regen-$f.jsonl" \
-        | grep -c '^>' || true) of $(wc -l < "$D/regen-1gpu.jsonl") records differ"
-    fi
+    same_file "regenerate $f" "$D/regen-1gpu.jsonl" "$D/regen-$f.jsonl"
   done | tee "$OUTDIR/procs-regen.md"
   # the logs, both runs' metrics and every regenerated file, in one file (a call brings few)
   tar czf "$OUTDIR/procs.tgz" -C "$D" $(cd "$D" && ls ./*.log regen-*.jsonl) one/metrics.jsonl \
@@ -198,12 +200,7 @@ shards)  # regenerate alone: one process of one GPU vs N --shard processes, byte
   done
   join_all || { show_logs "$D"/*.log; exit 1; }
   for i in $(seq 0 $((N - 1))); do cat "$D/shard$i.jsonl"; done > "$D/shards.jsonl"
-  if cmp -s "$D/whole.jsonl" "$D/shards.jsonl"; then
-    echo "kv $kv: $N shards == one process, byte for byte ($(wc -l < "$D/whole.jsonl") records)"
-  else
-    echo "kv $kv: $N shards != one process: $(diff "$D/whole.jsonl" "$D/shards.jsonl" \
-      | grep -c '^>' || true) of $(wc -l < "$D/whole.jsonl") records differ"
-  fi | tee "$OUTDIR/shards-$kv.md"
+  same_file "kv $kv: $N shards" "$D/whole.jsonl" "$D/shards.jsonl" | tee "$OUTDIR/shards-$kv.md"
   grep -h "tok/s over" "$D"/*.log | tee -a "$OUTDIR/shards-$kv.md"
   tar czf "$OUTDIR/shards-$kv.tgz" -C "$D" .
   ;;

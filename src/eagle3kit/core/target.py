@@ -505,9 +505,8 @@ class RowAttention:
     def __call__(self, q, k, v, layer: int, sinks):
         b, t = self.q_positions_BxT.shape
         slots = self.prefix_B[:, None] + jnp.arange(t)[None, :]
-        ks, vs = self.ks, self.vs
-        rows = jnp.arange(b) if self.rows_B is None else self.rows_B
-        if self.rows_B is None:  # row b's keys into cache row b, on the device holding it
+        ks, vs, rows = self.ks, self.vs, self.rows_B
+        if rows is None:  # row b's keys into cache row b, on the device holding it
             # (an index scatter over rows split across devices all-gathers every row's keys
             # and slots to every device first: three collectives per layer and step). A
             # slice past the cache's end would be clamped, not dropped; the engine admits no

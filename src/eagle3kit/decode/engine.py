@@ -63,6 +63,7 @@ from eagle3kit.decode.sampling import Sampling, is_stop, request_keys, sample
 from eagle3kit.decode.speculative import Speculation
 from eagle3kit.errors import ResourceError, UserError
 
+KV_ATTENTION = ("xla", "pallas")  # EngineConfig.attention's choices
 MIN_PREFILL = 128  # shortest prefill bucket (tokens), unless prefill_chunk is shorter
 MIN_WINDOW = 128  # shortest attention window (positions)
 
@@ -359,8 +360,8 @@ class Engine:
                 lambda: draft_cache.DraftKV.zeros(spec.dcfg, cfg.rows, cfg.max_context,
                                                   draft_dtype),
                 out_shardings=draft_cache.DraftKV(draft_spec, draft_spec))()
-        if cfg.attention not in ("xla", "pallas"):
-            raise ValueError(f"EngineConfig.attention {cfg.attention!r}: xla or pallas")
+        if cfg.attention not in KV_ATTENTION:
+            raise ValueError(f"EngineConfig.attention {cfg.attention!r}: one of {KV_ATTENTION}")
         if cfg.attention == "pallas" and mesh.devices.size > 1:
             raise ValueError(f"the ragged kernel (attention 'pallas') runs on one device, not "
                              f"a mesh of {mesh.devices.size}: run one process per GPU")

@@ -140,8 +140,10 @@ def check_config(cfg: RegenerateConfig) -> tuple[int, int]:
         load_chat_template(cfg.chat_template)
     if cfg.slots < 1 or cfg.sync_every < 1 or cfg.concurrency < 1:
         raise UserError("--slots, --sync-every and --concurrency must be >= 1")
-    if cfg.kv_attention not in ("xla", "pallas"):
-        raise UserError(f"--kv-attention {cfg.kv_attention!r}: choose xla or pallas")
+    from eagle3kit.decode.engine import KV_ATTENTION
+    if cfg.kv_attention not in KV_ATTENTION:
+        raise UserError(f"--kv-attention {cfg.kv_attention!r}: choose "
+                        f"{' or '.join(KV_ATTENTION)}")
     index, count = 0, 1
     if cfg.shard:
         i, _, n = cfg.shard.partition("/")
