@@ -10,6 +10,7 @@ is test_eval_sweep.py.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -247,6 +248,26 @@ def test_generate_prompts_from_stdin(tiny, tmp_path):
     sample = json.loads((tmp_path / "s.jsonl").read_text())
     assert sample["id"] == "<stdin>:1" and sample["turn"] == 1
 
+
+
+def test_a_later_turn_longer_than_the_first_gets_a_cache_that_holds_it(tiny, tmp_path):
+    """Turn 2's prompt holds turn 1's answer: a cache sized for turn 1 cannot hold it (MT-bench
+    at 256 new tokens stopped on this on a GPU). The tiny target's context is raised to 1,024
+    so that turn 2 needs more than the smallest cache."""
+    a, draft = tiny
+    target = tmp_path / "target"
+    shutil.copytree(a / "target", target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 1024}))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "two", "turns": ["Name a color.", "And another?"]}) + "\n")
+    samples = tmp_path / "samples.jsonl"
+    r = invoke(["eval", "--target", target, "--draft", draft, "--prompts", prompts, "--steps", 3,
+                "--max-new-tokens", 200, *FP32, "--samples", samples, "--json"])
+    assert r.exit_code == 0, r.output
+    first, second = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(first["prompt_ids"]) + 200 + 4 <= 256 < len(second["prompt_ids"]) + 200 + 4
+    assert json.loads(r.stdout)["identical_to_baseline"] == 2
 
 # ---- bad input: one line, non-zero exit, nothing half-written --------------------------------
 

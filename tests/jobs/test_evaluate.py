@@ -113,3 +113,62 @@ def testgeneration_mesh():
         generation_mesh("data=2,tensor=1")
     with pytest.raises(UserError, match="bad --mesh"):
         generation_mesh("tensor=two")
+
+
+def test_acceptance_alone_is_what_the_timed_run_measures(tiny, tmp_path):
+    """generate_samples(timed=False) (decode_speed.py --tau-only, tau on a CPU) answers the
+    same turns with the same accepted lengths as the timed run, and claims no speed."""
+    import json
+
+    import jax.numpy as jnp
+    from rich.console import Console
+
+    from eagle3kit.core import draft as draft_lib
+    from eagle3kit.core import target
+    from eagle3kit.core.ttt import VocabArrays
+    from eagle3kit.core.vocab import VocabMap
+    from eagle3kit.data.prompts import load_prompts
+    from eagle3kit.data.tokenizer import load_tokenizer
+    from eagle3kit.decode.speculative import Speculation
+    from eagle3kit.io.hf import load_target
+    from eagle3kit.jobs import eval_batched
+    from eagle3kit.jobs.evaluate import EvalConfig, decode_config, generate_samples
+
+    a, ckpt, _, random_draft = tiny
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "c", "turns": ["Name a color.", "Another?"]}) + "\n"
+                       + json.dumps({"id": "d", "turns": ["Count to three."]}) + "\n")
+    tokenizer = load_tokenizer(str(a / "target"))
+    mesh = generation_mesh(None)
+    target_w = target.unstack_in_place(load_target(ckpt, mesh, jnp.float32), ckpt.config)
+    cfg = EvalConfig(target=str(a / "target"), draft="d", prompts=str(prompts), steps=3,
+                     max_new_tokens=24, target_dtype="float32")
+    console = Console(stderr=True, quiet=True)
+
+    def setup(draft):
+        return eval_batched.Setup(ckpt.config, target_w, mesh, stop_ids(tokenizer, ckpt),
+                                  Speculation(draft.config, draft_lib.cast(
+                                      jax.tree.map(jnp.asarray, draft.weights), jnp.float32),
+                                      VocabArrays.from_map(draft.vocab), decode_config(cfg)))
+
+    # a draft that always proposes the target's most frequent greedy token m (draft index 0
+    # of a vocab starting at m, all logits 0): accepted wherever the target repeats m
+    _, first = generate_samples(setup(random_draft), load_prompts(str(prompts)), tokenizer,
+                                cfg, console, timed=False)
+    m = int(np.bincount([t for s in first for t in s.generated_ids]).argmax())
+    w = jax.tree.map(np.asarray, random_draft.weights)
+    w.final_norm = np.zeros_like(w.final_norm)
+    draft = Draft(random_draft.config, w, VocabMap.from_ids(
+        np.arange(m, m + random_draft.config.draft_vocab_size), ckpt.config.vocab_size),
+        "tiny", ckpt.hf_config, {})
+    setup = setup(draft)
+    timed, timed_samples = generate_samples(setup, load_prompts(str(prompts)), tokenizer, cfg,
+                                            console)
+    alone, samples = generate_samples(setup, load_prompts(str(prompts)), tokenizer, cfg,
+                                      console, timed=False)
+    assert [(s.id, s.turn, s.generated_ids, s.accept_lengths) for s in samples] == \
+        [(s.id, s.turn, s.generated_ids, s.accept_lengths) for s in timed_samples]
+    # every acceptance figure (tau, verify steps, tokens) is the timed run's, nothing more
+    assert len(samples) == 3 and alone["tau_pooled"] > 1
+    assert alone == {k: timed[k] for k in alone}
+    assert "speedup" in timed and not {"speedup", "tokens_per_s_speculative"} & alone.keys()

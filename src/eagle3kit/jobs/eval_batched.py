@@ -94,6 +94,7 @@ class Setup:
     stops: list[int]
     draft: Speculation  # the draft and the drafting shape of the run
     seed: int = 0
+    kv_attention: str = "xla"  # EngineConfig.attention
 
     def engine(self, rows: int, slots: int, dec: DecodeConfig | None) -> Engine:
         """Speculative with drafting shape `dec`, or plain with None."""
@@ -102,7 +103,7 @@ class Setup:
         sync = PLAIN_SYNC if dec is None or rows == 1 else SPEC_SYNC
         return Engine(self.tcfg, self.target_w, self.mesh, self.stops, EngineConfig(
             rows=rows, max_context=slots, sync_every=sync,
-            sampling=Sampling(temperature), seed=self.seed),
+            sampling=Sampling(temperature), seed=self.seed, attention=self.kv_attention),
             dataclasses.replace(self.draft, dec=dec) if dec else None)
 
 

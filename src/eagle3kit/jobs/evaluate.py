@@ -239,10 +239,11 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
 
 
 def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: Any,
-                     cfg: EvalConfig, console, renderer: Renderer | None = None
-                     ) -> tuple[dict[str, Any], list[GenerationSample]]:
+                     cfg: EvalConfig, console, renderer: Renderer | None = None,
+                     timed: bool = True) -> tuple[dict[str, Any], list[GenerationSample]]:
     """Answers every turn speculatively with one row, each in the context of the earlier
-    answers; then times each answer both ways. Returns the summary and the samples.
+    answers; then times each answer both ways (not with `timed` False: acceptance alone,
+    a third of the work, e.g. on a CPU). Returns the summary and the samples.
     `renderer`: the prompts' (default: prompt_renderer's for `cfg`)."""
     tcfg, dec = setup.tcfg, setup.draft.dec
     context = tcfg.max_position_embeddings
@@ -276,18 +277,28 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
     t0 = time.perf_counter()
     with progress:
         for c in range(len(dialogues)):  # one row: a conversation at a time, turn by turn
-            ids = firsts[c]
-            slots = eval_batched.slots_for([ids], cfg.max_new_tokens, [dec])
-            if slots not in engines:  # engines (and programs) per cache size, as prompts need
-                engines[slots] = setup.engine(1, slots, dec)
-            conversations.drive(engines[slots], [c], prompt,
-                                lambda c, ids: Request((c, ids), ids, cfg.max_new_tokens,
-                                                       offsets[c] + len(dialogues[c].turns)),
-                                answered, lambda c: None)
+            # each turn on a cache its prompt fits: a later turn's holds the earlier answers
+            while (ids := prompt(c)) is not None:
+                slots = eval_batched.slots_for([ids], cfg.max_new_tokens, [dec])
+                if slots not in engines:  # engines (and programs) per cache size, as needed
+                    engines[slots] = setup.engine(1, slots, dec)
+                turn = iter([ids])
+                conversations.drive(engines[slots], [c], lambda c, turn=turn: next(turn, None),
+                                    lambda c, ids: Request((c, ids), ids, cfg.max_new_tokens,
+                                                           offsets[c] + len(dialogues[c].turns)),
+                                    answered, lambda c: None)
     order = sorted(answers)
     todo = [Request(offsets[c] + t, answers[c, t][0], cfg.max_new_tokens, offsets[c] + t)
             for c, t in order]
     spec = [answers[k][1] for k in order]
+    if not timed:
+        samples = [GenerationSample(prompts.conversations[c].id, t + 1, r.prompt, s_.tokens,
+                                    tokenizer.decode(s_.tokens, skip_special_tokens=True),
+                                    s_.accept_lengths, 0.0, 0.0)
+                   for (c, t), r, s_ in zip(order, todo, spec, strict=True)]
+        return {**acceptance_summary([s.accept_lengths for s in samples], cfg.steps),
+                "prompts": len(samples), "conversations": len(prompts.conversations),
+                "new_tokens": sum(len(s.generated_ids) for s in samples)}, samples
     slots = eval_batched.slots_for([r.prompt for r in todo], cfg.max_new_tokens, [dec])
     # timed one answer at a time after a pass that compiles (batch 1: no answer waits)
     _, spec_seconds, _ = eval_batched.timed(setup.engine(1, slots, dec), todo, True)
