@@ -64,10 +64,10 @@ def _load(path: Path) -> dict | None:
         return None
 
 
-def _decode_rows(path: Path) -> dict[str, dict]:
+def _decode_rows(*paths: Path) -> dict[str, dict]:
     """decode_speed.py --json rows by shape (the lines that are JSON objects with a shape)."""
     rows = {}
-    if path.exists():
+    for path in paths:
         for line in path.read_text().splitlines():
             if line.startswith("{"):
                 r = json.loads(line)
@@ -94,7 +94,8 @@ def table(d: Path, arms: list[str]) -> None:
     for arm in arms:
         a = d / arm
         orig, regen = _load(a / "eval-orig.json"), _load(a / "eval-regen.json")
-        mt, he = _decode_rows(a / "mtbench.txt"), _decode_rows(a / "humaneval.txt")
+        mt = _decode_rows(*sorted(a.glob("mtbench*.txt")))
+        he = _decode_rows(*a.glob("humaneval.txt"))
         final = _load(a / "run" / "final" / "draft_config.json") or {}
         t = final.get("training", {})
         accs = " ".join(f"{x * 100:.1f}" for x in orig["acc"]) if orig else "-"
@@ -103,14 +104,17 @@ def table(d: Path, arms: list[str]) -> None:
             r = rows.get(shape)
             return f"{r['tau_pooled']:.2f}/{r['tau_per_request_mean']:.2f}" if r else "-"
 
-        speed = " / ".join(f"{mt[s]['speedup']:.2f}x" if s in mt else "-"
+        def held(r):
+            return f"{r['tau']:.2f}" if r else "-"
+
+        speed = " / ".join(f"{mt[s]['speedup']:.2f}x" if "speedup" in mt.get(s, {}) else "-"
                            for s in ("3", "7", "5/4/8"))
         he7 = f"{next(iter(he.values()))['tau_pooled']:.2f}" if he else "-"
         minutes = f"{t['wall_time_s'] / 60:.1f}" if "wall_time_s" in t else "-"
         print(f"| {arm} | {Path(str(t.get('data', '-'))).name} | {accs} "
-              f"| {orig['tau']:.2f} | {regen['tau']:.2f} | {tau(mt, '3')} | {tau(mt, '7')} "
+              f"| {held(orig)} | {held(regen)} | {tau(mt, '3')} | {tau(mt, '7')} "
               f"| {tau(mt, '5/4/8')} | {speed} | {he7} | {minutes} | {t.get('steps', '-')} |"
-              if orig and regen else f"| {arm} | (incomplete) |||||||||||")
+              if orig or mt else f"| {arm} | (incomplete) |||||||||||")
 
 
 if __name__ == "__main__":

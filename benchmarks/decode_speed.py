@@ -49,6 +49,7 @@ from eagle3kit.core.vocab import VocabMap
 from eagle3kit.data.fingerprint import tokenizer_fingerprint
 from eagle3kit.data.prompts import load_prompts
 from eagle3kit.data.tokenizer import load_tokenizer
+from eagle3kit.decode.engine import KV_ATTENTION
 from eagle3kit.decode.speculative import Speculation
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import load_target, resolve_target
@@ -101,6 +102,11 @@ def main() -> None:
     p.add_argument("--mesh", default=None, help="tensor=N to split the target")
     p.add_argument("--random-vocab", type=int, default=32000)
     p.add_argument("--json", action="store_true", help="also print one JSON line per K")
+    p.add_argument("--tau-only", action="store_true",
+                   help="acceptance alone: no timed passes, no plain decoding (a third of the "
+                        "work; tau on a CPU, where speed means nothing)")
+    p.add_argument("--kv-attention", default="xla", choices=KV_ATTENTION,
+                   help="how the engine's steps read the KV cache (EngineConfig.attention)")
     p.add_argument("--concurrency", default=None,
                    help="batch sizes for batched decoding, e.g. 1,8,32,64 (default: none)")
     args = p.parse_args()
@@ -133,8 +139,10 @@ def main() -> None:
                          temperature=args.temperature, target_dtype=args.target_dtype)
         dec = decode_config(cfg)
         setup = eval_batched.Setup(tcfg, target_w, mesh, stops,
-                                   Speculation(draft.config, draft_w, vocab, dec))
-        summary, samples = generate_samples(setup, prompts, tokenizer, cfg, console)
+                                   Speculation(draft.config, draft_w, vocab, dec),
+                                   kv_attention=args.kv_attention)
+        summary, samples = generate_samples(setup, prompts, tokenizer, cfg, console,
+                                            timed=not args.tau_only)
         setups.append(setup)
         answered = answered or [s.prompt_ids for s in samples]
         rows.append({"shape": shape, "steps": k, "topk": topk, "draft_tokens": dec.nodes,
@@ -142,19 +150,22 @@ def main() -> None:
 
     print(f"\n{tcfg.name} + {args.draft} on {prompts.name} ({prompts.num_turns} turns), "
           f"{jax.devices()[0].device_kind}, target {args.target_dtype}, draft {args.dtype}, "
-          f"T={args.temperature:g}, max {args.max_new_tokens} new tokens, jax {jax.__version__}, "
+          f"T={args.temperature:g}, max {args.max_new_tokens} new tokens, KV cache read by "
+          f"{args.kv_attention}, jax {jax.__version__}, "
           f"python {platform.python_version()}\n")
     print("| shape | tau pooled | tau per request | spec tok/s | plain tok/s | speedup "
           "| identical | compile s | peak GB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         mem = "-" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']:.1f}"
-        same = ("-" if r["identical_to_baseline"] is None
+        same = ("-" if r.get("identical_to_baseline") is None
                 else f"{r['identical_to_baseline']}/{r['prompts']}")
+        timed = "tokens_per_s_speculative" in r  # not with --tau-only
+        spec, plain, speedup, compile_s = (
+            (f"{r['tokens_per_s_speculative']:.1f}", f"{r['tokens_per_s_baseline']:.1f}",
+             f"{r['speedup']:.2f}x", f"{r['compile_s']:.0f}") if timed else ("-",) * 4)
         print(f"| {r['shape']} | {r['tau_pooled']:.2f} | {r['tau_per_request_mean']:.2f} "
-              f"| {r['tokens_per_s_speculative']:.1f} "
-              f"| {r['tokens_per_s_baseline']:.1f} | {r['speedup']:.2f}x "
-              f"| {same} | {r['compile_s']:.0f} | {mem} |")
+              f"| {spec} | {plain} | {speedup} | {same} | {compile_s} | {mem} |")
     if args.json:
         for r in rows:
             print(json.dumps(r))

