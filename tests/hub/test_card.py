@@ -186,3 +186,14 @@ def test_refuses_directories_that_are_not_exports(target, tmp_path):
     save_draft(tmp_path / "final", make_draft(target))
     with pytest.raises(InputError, match="convert it first: eagle3kit convert"):
         card.render_card(tmp_path / "final", "my-org/x")
+
+
+@pytest.mark.parametrize("arch, title, method", [
+    ("eagle3", "# EAGLE3 draft head for tiny-llama", "trained with the EAGLE3 method"),
+    ("eagle3.1", "# EAGLE-3.1 draft head for tiny-llama", "trained with the EAGLE-3.1 method"),
+])
+def test_the_title_names_the_drafts_method(target, tmp_path, arch, title, method):
+    """The main job's v2 draft is EAGLE-3.1 (exported for vLLM): its card says so up front."""
+    d = make_draft(target, training=TRAINING, arch=arch)
+    text = card.render_card(export_draft(d, "speculators", tmp_path / "v"), "my-org/x")
+    assert title + "\n" in text and method in text

@@ -205,10 +205,12 @@ def front_matter(c: CardInputs) -> str:
 def render(c: CardInputs) -> str:
     """The whole card as Markdown."""
     short = c.target_name.rsplit("/", 1)[-1] or "the target model"
+    method = {"eagle3.1": "EAGLE-3.1", "eagle3.1-fc": "EAGLE-3.1 (fc norms)"}.get(
+        c.draft.arch, "EAGLE3")
     parts = [
         f"---\n{front_matter(c)}\n---\n{MARKER}\n",
-        f"# EAGLE3 draft head for {short}\n",
-        f"A speculative-decoding draft head for `{c.target_name}`, trained with the EAGLE3 "
+        f"# {method.split(' ')[0]} draft head for {short}\n",
+        f"A speculative-decoding draft head for `{c.target_name}`, trained with the {method} "
         f"method with eagle3kit {__version__} (pure JAX). It reads three "
         "hidden states of the target and proposes several tokens per step; the target verifies "
         "them in one forward pass, so the output is exactly what the target alone would "
