@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from eagle3kit.core.sharding import make_mesh
-from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling, sample
+from eagle3kit.decode.engine import (
+    Engine,
+    EngineConfig,
+    Request,
+    Sampling,
+    auto_kv_attention,
+    sample,
+)
 from eagle3kit.decode.repetition import Repetition
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
@@ -140,6 +147,17 @@ def test_the_ragged_kernel_reads_every_key_in_place(llama, chaotic):
         at = greedy_divergence(model, p, c.tokens)
         assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
 
+
+
+def test_auto_reads_the_cache_with_the_kernel_on_one_gpu_only():
+    """`regenerate --kv-attention auto`: the ragged kernel where it was measured faster (one
+    GPU per process), the XLA path on a CPU, a TPU, or a mesh (the kernel reads one device)."""
+    from types import SimpleNamespace
+
+    gpu, tpu = SimpleNamespace(platform="gpu"), SimpleNamespace(platform="tpu")
+    assert auto_kv_attention([gpu]) == "pallas"
+    assert auto_kv_attention([gpu, gpu]) == auto_kv_attention([tpu]) == "xla"
+    assert auto_kv_attention(jax.devices()[:1]) == "xla"  # this CPU
 
 def test_sampled_streams_draw_fresh_randomness_at_every_token(llama):
     """Temperature 1 on the tiny Llama, whose next-token distributions are nearly flat: a

@@ -82,11 +82,11 @@ def regenerate(
                                    "steps per device program between host syncs."),
     mesh: Mesh = None,
     target_dtype: TargetDtype = "bfloat16",
-    kv_attention: str = typer.Option("xla", "--kv-attention", help="Local engine: how "
-                                     "decoding reads the KV cache: xla (each step's window "
-                                     "of every row), or pallas (a GPU kernel reading each "
-                                     "row in place to its own length; one device per "
-                                     "process; not yet the default)."),
+    kv_attention: str = typer.Option("auto", "--kv-attention", help="Local engine: how "
+                                     "decoding reads the KV cache: pallas (a GPU kernel "
+                                     "reading each row in place to its own length; one "
+                                     "device per process), xla (each step's window of "
+                                     "every row), or auto: pallas on one GPU, else xla."),
     endpoint: str | None = typer.Option(None, help="Generate through an OpenAI-compatible "
                                         "server (vLLM, SGLang) at this base URL instead of "
                                         "loading the target here."),

@@ -89,7 +89,7 @@ class RegenerateConfig:
     sync_every: int = 32
     mesh: str | None = None
     target_dtype: str = "bfloat16"
-    kv_attention: str = "xla"  # EngineConfig.attention
+    kv_attention: str = "auto"  # EngineConfig.attention, or auto (decode/engine.py)
     # remote server
     endpoint: str | None = None
     model: str | None = None
@@ -141,8 +141,8 @@ def check_config(cfg: RegenerateConfig) -> tuple[int, int]:
     if cfg.slots < 1 or cfg.sync_every < 1 or cfg.concurrency < 1:
         raise UserError("--slots, --sync-every and --concurrency must be >= 1")
     from eagle3kit.decode.engine import KV_ATTENTION
-    if cfg.kv_attention not in KV_ATTENTION:
-        raise UserError(f"--kv-attention {cfg.kv_attention!r}: choose "
+    if cfg.kv_attention not in ("auto", *KV_ATTENTION):
+        raise UserError(f"--kv-attention {cfg.kv_attention!r}: choose auto, "
                         f"{' or '.join(KV_ATTENTION)}")
     index, count = 0, 1
     if cfg.shard:
@@ -584,7 +584,7 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
 
     from eagle3kit.core.sharding import make_mesh
     from eagle3kit.core.target import unstack_in_place
-    from eagle3kit.decode.engine import Engine, EngineConfig, Sampling
+    from eagle3kit.decode.engine import Engine, EngineConfig, Sampling, auto_kv_attention
     from eagle3kit.decode.repetition import Repetition
     from eagle3kit.io.hf import load_target
 
@@ -594,13 +594,15 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
         raise UserError(f"--kv-attention pallas reads the cache on one device, not the "
                         f"{mesh.devices.size} of --mesh: run one process per GPU with --shard "
                         f"I/N (faster than one process over a mesh, docs/recipes.md)")
+    attention = (auto_kv_attention(mesh.devices.flatten()) if cfg.kv_attention == "auto"
+                 else cfg.kv_attention)
     t0 = time.perf_counter()
     # unstacked one array at a time: never two copies of the target at once
     weights = unstack_in_place(load_target(ckpt, mesh, common.DTYPES[cfg.target_dtype]),
                                ckpt.config)
     engine = Engine(ckpt.config, weights, mesh, sorted(stops), EngineConfig(
         rows=cfg.slots, max_context=cfg.max_context, sync_every=cfg.sync_every,
-        attention=cfg.kv_attention,
+        attention=attention,
         sampling=Sampling(cfg.temperature, cfg.top_p, cfg.top_k), seed=cfg.seed,
         repetition=Repetition(cfg.repeat_copies, cfg.repeat_min_tokens, cfg.repeat_max_block)
         if cfg.repeat_copies else None))
@@ -608,6 +610,6 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
                   f"{jax.devices()[0].device_kind} (mesh {','.join(f'{k}={v}' for k, v in mesh.shape.items())}; weights loaded "
                   f"in {time.perf_counter() - t0:.1f}s; {cfg.slots} slots x {cfg.max_context} "
                   f"positions, KV cache {engine.cache_bytes / 2**30:.2f} GiB"
-                  f"{', read by the ragged kernel' if cfg.kv_attention == 'pallas' else ''})",
+                  f"{', read by the ragged kernel' if attention == 'pallas' else ''})",
                   soft_wrap=True)
     return engine
