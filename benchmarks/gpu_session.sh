@@ -115,7 +115,8 @@ train)
 eval)
   demo 2>&1 | tee "$OUTDIR/eval.log"
   cp "$RUN"/eval-*.json "$RUN/acceptance.png" "$RUN/run/metrics.jsonl" "$OUTDIR"/
-  cp "$RUN/export/sglang/README.md" "$OUTDIR/card.md"
+  # the card is in the SGLang export, or the vLLM one for an eagle3.1 draft (v2)
+  cp "$(ls "$RUN"/export/{sglang,speculators}/README.md 2>/dev/null | head -n 1)" "$OUTDIR/card.md"
   head -c 2000000 "$RUN/mtbench-samples.jsonl" > "$OUTDIR/mtbench-samples-head.jsonl"
   ;;
 gen8b)
@@ -184,10 +185,10 @@ regen2)
     | tee "$OUTDIR/regen2-stats.txt"
   head -c 3000000 "$RUN/regen-train.jsonl" > "$OUTDIR/regen2-head.jsonl"
   ;;
-pack)  # the trained draft's SGLang export, in parts that fit what a call brings back
-  tar -C "$RUN" -cf - export/sglang | split -b 15000000 - "$OUTDIR/draft.tar.part."
+pack)  # the trained draft's exports, in parts that fit what a call brings back
+  tar -C "$RUN" -cf - export | split -b 15000000 - "$OUTDIR/draft.tar.part."
   ;;
-unpack)  # a later machine: the parts carried in .stash/draft restore $RUN/export/sglang
+unpack)  # a later machine: the parts carried in .stash/draft restore $RUN/export
   mkdir -p "$RUN"; cat .stash/draft/draft.tar.part.* | tar -C "$RUN" -xf -
   ;;
 decode)
