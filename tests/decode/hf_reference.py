@@ -32,9 +32,9 @@ def greedy_divergence(model, prompt: list[int], tokens: list[int]) -> int | None
     `prompt`, or None. Each token must be the argmax after the ones before it, which one
     forward over prompt + tokens checks for all of them (`generate` would run one per token):
     tokens that pass are, by induction, exactly what greedy `generate` gives."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0]
-    best = logits[len(prompt) - 1: len(prompt) - 1 + len(tokens)].argmax(-1).tolist()
+    with torch.no_grad():  # the logits from the prompt's last position on, not the prompt's
+        logits = model(torch.tensor([prompt + tokens]), logits_to_keep=len(tokens) + 1).logits[0]
+    best = logits[:len(tokens)].argmax(-1).tolist()
     return next((i for i, (a, b) in enumerate(zip(tokens, best, strict=True)) if a != b),
                 None)
 
