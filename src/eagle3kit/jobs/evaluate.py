@@ -291,19 +291,13 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
     todo = [Request(offsets[c] + t, answers[c, t][0], cfg.max_new_tokens, offsets[c] + t)
             for c, t in order]
     spec = [answers[k][1] for k in order]
-    if not timed:
-        samples = [GenerationSample(prompts.conversations[c].id, t + 1, r.prompt, s_.tokens,
-                                    tokenizer.decode(s_.tokens, skip_special_tokens=True),
-                                    s_.accept_lengths, 0.0, 0.0)
-                   for (c, t), r, s_ in zip(order, todo, spec, strict=True)]
-        return {**acceptance_summary([s.accept_lengths for s in samples], cfg.steps),
-                "prompts": len(samples), "conversations": len(prompts.conversations),
-                "new_tokens": sum(len(s.generated_ids) for s in samples)}, samples
-    slots = eval_batched.slots_for([r.prompt for r in todo], cfg.max_new_tokens, [dec])
-    # timed one answer at a time after a pass that compiles (batch 1: no answer waits)
-    _, spec_seconds, _ = eval_batched.timed(setup.engine(1, slots, dec), todo, True)
-    plain, plain_seconds, _ = eval_batched.timed(setup.engine(1, slots, None), todo, True)
-    compile_s = time.perf_counter() - t0 - sum(spec_seconds) - sum(plain_seconds)
+    spec_seconds = plain_seconds = [0.0] * len(todo)  # not timed: acceptance alone
+    if timed:
+        slots = eval_batched.slots_for([r.prompt for r in todo], cfg.max_new_tokens, [dec])
+        # timed one answer at a time after a pass that compiles (batch 1: no answer waits)
+        _, spec_seconds, _ = eval_batched.timed(setup.engine(1, slots, dec), todo, True)
+        plain, plain_seconds, _ = eval_batched.timed(setup.engine(1, slots, None), todo, True)
+        compile_s = time.perf_counter() - t0 - sum(spec_seconds) - sum(plain_seconds)
     samples = []
     for (c, t), r, s_, s_sec, p_sec in zip(order, todo, spec, spec_seconds, plain_seconds,
                                             strict=True):
@@ -312,6 +306,9 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
             tokenizer.decode(s_.tokens, skip_special_tokens=True), s_.accept_lengths,
             round(s_sec, 6), round(p_sec, 6)))
     summary = acceptance_summary([s.accept_lengths for s in samples], cfg.steps)
+    if not timed:
+        return {**summary, "prompts": len(samples), "conversations": len(prompts.conversations),
+                "new_tokens": sum(len(s.generated_ids) for s in samples)}, samples
     spec_tokens = sum(len(s.generated_ids) for s in samples)
     plain_tokens = sum(len(p.tokens) for p in plain)
     identical = sum(s.generated_ids == p.tokens for s, p in zip(samples, plain, strict=True))
