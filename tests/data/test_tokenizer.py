@@ -162,7 +162,8 @@ def test_gemma3_gguf_tokenizer_is_transformers_own_without_torch():
     template) read by the `gguf` package, built by transformers' converter in a process that
     never imports torch, equals `AutoTokenizer.from_pretrained(dir, gguf_file=...)`:
     vocabulary, special and added tokens, and the ids and decoding of 20 real ShareGPT
-    conversations in Gemma's turn format."""
+    conversations in Gemma's turn format. So does the build used under transformers before
+    5.18, whose own is wrong for Gemma (merges by score: `world` as `w`, `or`, `ld`)."""
     import subprocess
     import sys
 
@@ -184,19 +185,28 @@ def test_gemma3_gguf_tokenizer_is_transformers_own_without_torch():
     probe = f"""
 import json, sys
 from eagle3kit.data.fingerprint import tokenizer_fingerprint
-from eagle3kit.data.tokenizer import load_tokenizer
-t = load_tokenizer({str(gguf)!r})
+from eagle3kit.data.tokenizer import _gemma_tokenizer, load_tokenizer
+from eagle3kit.io.gguf import open_reader
 texts = json.loads(sys.stdin.read())
-ids = [t(x).input_ids for x in texts]
-print(json.dumps({{"torch": "torch" in sys.modules, "len": len(t),
-    "fingerprint": tokenizer_fingerprint(t, "a").to_json(), "template": t.chat_template,
-    "special": t.special_tokens_map, "ids": ids, "decoded": [t.decode(i) for i in ids],
-    "bos_eos": [t.bos_token_id, t.eos_token_id],
-    "added": {{i: str(a) for i, a in t.added_tokens_decoder.items()}}}}))
+def probe(t):
+    ids = [t(x).input_ids for x in texts]
+    return {{"len": len(t),
+        "fingerprint": tokenizer_fingerprint(t, "a").to_json(), "template": t.chat_template,
+        "special": t.special_tokens_map, "ids": ids, "decoded": [t.decode(i) for i in ids],
+        "bos_eos": [t.bos_token_id, t.eos_token_id],
+        "added": {{i: str(a) for i, a in t.added_tokens_decoder.items()}}}}
+path = {str(gguf)!r}
+builds = [probe(load_tokenizer(path)), probe(_gemma_tokenizer(open_reader(path).fields))]
+print(json.dumps({{"torch": "torch" in sys.modules, "builds": builds}}))
 """
-    out = json.loads(subprocess.run([sys.executable, "-c", probe], input=json.dumps(texts),
+    run = json.loads(subprocess.run([sys.executable, "-c", probe], input=json.dumps(texts),
                                     capture_output=True, text=True, check=True).stdout)
-    assert out["torch"] is False
+    assert run["torch"] is False
+    for out in run["builds"]:
+        _same_as(ref, out, texts)
+
+
+def _same_as(ref, out, texts):
     assert out["len"] == len(ref) == 262144 and out["bos_eos"] == [2, 1]
     assert out["template"] is None and not ref.chat_template
     assert out["fingerprint"] == tokenizer_fingerprint(ref, "a").to_json()  # the vocabulary

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3kit.errors import InputError, first_line
+from eagle3kit.io.gguf import open_reader
 from eagle3kit.io.hub import is_hub_id, snapshot
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -80,11 +81,13 @@ def _gguf_tokenizer(path: Path) -> Any:
             convert_gguf_tokenizer,
         )
     except ImportError:
+        fields = open_reader(path).fields
+        if fields.get("general.architecture") in _GEMMA_ARCHS:
+            return _gemma_tokenizer(fields)  # transformers' own build before 5.18 is wrong
         from transformers import AutoTokenizer
-        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        return with_gguf_added_tokens(tok, fields)
     from transformers import PreTrainedTokenizerFast
-
-    from eagle3kit.io.gguf import open_reader
 
     meta = {k: v for k, v in open_reader(path).fields.items()
             if k.startswith("tokenizer.") or k == "general.architecture"}
@@ -105,6 +108,70 @@ def _gguf_tokenizer(path: Path) -> Any:
     if arch in ("gemma", "gemma2", "gemma3"):  # AutoTokenizer's class for these model types
         from transformers.models.gemma.tokenization_gemma import GemmaTokenizer as cls
     return cls(tokenizer_object=backend, **config, **extra)
+
+
+_GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
+
+
+def _gemma_tokenizer(fields: dict[str, Any]) -> Any:
+    """A Gemma GGUF's tokenizer for transformers before 5.18, built as 5.18+ builds it.
+
+    Those versions build it from the file's token scores, which for Gemma do not follow the
+    merge order (`world` came out as `w`, `or`, `ld`); the order of the tokens in the file
+    does. Tokens of two or more spaces are stored as spaces and looked up as U+2581 runs.
+    tests/data/test_tokenizer.py checks this build against transformers' current one.
+    """
+    try:
+        from transformers.tokenization_utils_base import generate_merges
+    except ImportError:  # before 5.18
+        from transformers.convert_slow_tokenizer import generate_merges
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    file_tokens = fields["tokenizer.ggml.tokens"]
+    tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in file_tokens]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = generate_merges(vocab, {t: -i for i, t in enumerate(tokens)})
+    config = {name: file_tokens[i] for name, key in _GGUF_SPECIAL.items()
+              if (i := fields.get(f"tokenizer.ggml.{key}")) is not None}
+    config["add_bos_token"] = fields.get("tokenizer.ggml.add_bos_token", True)
+    config["add_eos_token"] = fields.get("tokenizer.ggml.add_eos_token", False)
+    return with_gguf_added_tokens(GemmaTokenizer(vocab=vocab, merges=merges, **config), fields)
+
+
+def _byte_alphabet() -> set[str]:
+    """The 256 characters a byte-level (GPT-2) vocabulary spells its tokens with."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    extra = (b for b in range(256) if b not in keep)
+    return {chr(b) for b in keep} | {chr(256 + n) for n, _ in enumerate(extra)}
+
+
+def with_gguf_added_tokens(tokenizer: Any, fields: dict[str, Any]) -> Any:
+    """`tokenizer` with the tokens the GGUF file marks CONTROL (type 3: `<end_of_turn>`,
+    `<|im_end|>`) added as special tokens and USER_DEFINED (4: `<think>`) as plain added
+    tokens, as transformers 5.18+ builds a GGUF tokenizer; before 5.18 they are missing, so
+    they were cut into pieces and no assistant turn ended in a special token. A control token
+    of a byte-level vocabulary spelled outside its byte alphabet is a llama.cpp mislabel and
+    is skipped, as transformers does."""
+    from tokenizers import AddedToken
+
+    tokens = fields.get("tokenizer.ggml.tokens") or []
+    types = fields.get("tokenizer.ggml.token_type") or []
+    alphabet = _byte_alphabet() if fields.get("tokenizer.ggml.model") == "gpt2" else None
+    backend = tokenizer.backend_tokenizer
+    have = {t.content for t in backend.get_added_tokens_decoder().values()}
+    control = [AddedToken(t, normalized=False, special=True)
+               for t, kind in zip(tokens, types, strict=False)
+               if kind == 3 and t not in have and (alphabet is None or set(t) <= alphabet)]
+    if control:
+        backend.add_special_tokens(control)
+    vocab = backend.get_vocab()
+    user = [AddedToken(t, normalized=False, special=False)
+            for t, kind in zip(tokens, types, strict=False)
+            if kind == 4 and t in vocab and t not in have]
+    if user:
+        backend.add_tokens(user)
+    return tokenizer
 
 
 def _needs_torch(e: BaseException | None) -> bool:
