@@ -172,3 +172,58 @@ def test_acceptance_alone_is_what_the_timed_run_measures(tiny, tmp_path):
     assert len(samples) == 3 and alone["tau_pooled"] > 1
     assert alone == {k: timed[k] for k in alone}
     assert "speedup" in timed and not {"speedup", "tokens_per_s_speculative"} & alone.keys()
+
+
+def test_timed_call_says_when_jax_compiled():
+    from eagle3kit.jobs.eval_batched import timed_call
+
+    f = jax.jit(lambda x: x * 2 + 1)
+    x3, x4 = np.arange(3.0), np.arange(4.0)
+    assert timed_call(lambda: f(x3))[2] is True  # traced and compiled
+    assert timed_call(lambda: f(x3))[2] is False  # the same shape again
+    assert timed_call(lambda: f(x4))[2] is True  # a new shape
+    out, seconds, _ = timed_call(lambda: f(x4))
+    assert seconds > 0 and np.array_equal(out, x4 * 2 + 1)
+
+
+def test_a_timed_run_times_again_only_the_answers_that_compiled(tiny, tmp_path):
+    """Each answer is timed alone; one during which JAX compiled is run again and timed
+    again. A second timed run of the same prompts meets only compiled shapes: it runs no
+    answer twice, and it measures the same answers."""
+    import json
+
+    import jax.numpy as jnp
+    from rich.console import Console
+
+    from eagle3kit.core import draft as draft_lib
+    from eagle3kit.core import target
+    from eagle3kit.core.ttt import VocabArrays
+    from eagle3kit.data.prompts import load_prompts
+    from eagle3kit.data.tokenizer import load_tokenizer
+    from eagle3kit.decode.speculative import Speculation
+    from eagle3kit.io.hf import load_target
+    from eagle3kit.jobs import eval_batched
+    from eagle3kit.jobs.evaluate import EvalConfig, decode_config, generate_samples
+
+    a, ckpt, _, draft = tiny
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "c", "turns": ["Name a color.", "Another?"]}) + "\n")
+    tokenizer = load_tokenizer(str(a / "target"))
+    mesh = generation_mesh(None)
+    cfg = EvalConfig(target=str(a / "target"), draft="d", prompts=str(prompts), steps=2,
+                     max_new_tokens=8, target_dtype="float32")
+    setup = eval_batched.Setup(
+        ckpt.config, target.unstack_in_place(load_target(ckpt, mesh, jnp.float32), ckpt.config),
+        mesh, stop_ids(tokenizer, ckpt),
+        Speculation(draft.config, draft_lib.cast(jax.tree.map(jnp.asarray, draft.weights),
+                                                 jnp.float32),
+                    VocabArrays.from_map(draft.vocab), decode_config(cfg)))
+    console = Console(stderr=True, quiet=True)
+    runs = [generate_samples(setup, load_prompts(str(prompts)), tokenizer, cfg, console)
+            for _ in range(2)]
+    (first, first_samples), (second, second_samples) = runs
+    assert first["retimed_answers"] >= 2  # the first speculative and plain answers compiled
+    assert second["retimed_answers"] == 0
+    assert [s.generated_ids for s in first_samples] == [s.generated_ids for s in second_samples]
+    assert all(s.seconds > 0 and s.baseline_seconds > 0 for s in second_samples)
+    assert second["identical_to_baseline"] == 2  # float32: lossless

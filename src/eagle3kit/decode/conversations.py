@@ -1,6 +1,7 @@
 """Multi-turn generation: which turns a conversation asks the target to answer, and in what
 context, and the loop that answers them (`drive`): one implementation for `regenerate` (the
-local engine or a server, --endpoint) and `eval --prompts` (the engine with a draft).
+local engine or a server, --endpoint); `eval --prompts` walks the same dialogues a turn at a
+time (jobs/evaluate.generate_samples: each answer timed alone).
 
 A `Dialogue` walks a conversation's assistant turns in order. The prompt of turn j is the
 conversation up to that turn's user message, rendered with the target's chat template, with

@@ -36,7 +36,6 @@ from eagle3kit.data.prompts import PromptSet, load_prompts
 from eagle3kit.data.records import GenerationSample, TokenRecord, display_name, encode
 from eagle3kit.data.tokenizer import load_chat_template
 from eagle3kit.data.tokenizing import make_renderer
-from eagle3kit.decode import conversations
 from eagle3kit.decode.acceptance import acceptance_summary
 from eagle3kit.decode.conversations import Dialogue, Turn
 from eagle3kit.decode.engine import Request
@@ -242,9 +241,12 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
                      cfg: EvalConfig, console, renderer: Renderer | None = None,
                      timed: bool = True) -> tuple[dict[str, Any], list[GenerationSample]]:
     """Answers every turn speculatively with one row, each in the context of the earlier
-    answers; then times each answer both ways (not with `timed` False: acceptance alone,
-    a third of the work, e.g. on a CPU). Returns the summary and the samples.
-    `renderer`: the prompts' (default: prompt_renderer's for `cfg`)."""
+    answers, then plainly (not with `timed` False: acceptance alone, e.g. on a CPU), each
+    turn on the smallest cache its prompt fits, both ways the same. Each answer is timed
+    alone; one during which JAX compiled is run again and timed again (the same request
+    takes the same shapes), so compiling costs only the answers that met a new shape.
+    Returns the summary and the samples. `renderer`: the prompts' (default:
+    prompt_renderer's for `cfg`)."""
     tcfg, dec = setup.tcfg, setup.draft.dec
     context = tcfg.max_position_embeddings
     dialogues = [Dialogue.from_user_turns(c.turns, c.system) for c in prompts.conversations]
@@ -255,8 +257,9 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
     # request j (the j-th turn of the set, in order) samples from stream j at every batch size
     offsets = [sum(len(c.turns) for c in prompts.conversations[:i])
                for i in range(len(prompts.conversations))]
-    answers: dict[tuple[int, int], tuple[list[int], Any]] = {}
-    engines: dict[int, Any] = {}
+    answers: dict[tuple[int, int], tuple[Request, Any, float]] = {}
+    engines: dict[tuple[int, bool], Any] = {}  # (slots, speculative): programs per cache size
+    retimed = 0
     progress = Progress(console, "generate turns", total=prompts.num_turns)
 
     def prompt(c: int) -> list[int] | None:
@@ -268,39 +271,43 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
                        context, prompts.name)
         return ids
 
-    def answered(c: int, ids: list[int], done) -> None:
-        text = tokenizer.decode(done.tokens, skip_special_tokens=True)
-        answers[c, len(dialogues[c].turns)] = ids, done
-        dialogues[c].answer(Turn(text.strip(), len(ids), len(done.tokens), done.finish_reason))
-        progress.update(len(answers), prompts.num_turns)
+    def run(request: Request, speculative: bool) -> tuple[Any, float]:
+        """One answer alone on the cache its prompt fits: (completion, seconds)."""
+        nonlocal retimed
+        slots = eval_batched.slots_for([request.prompt], cfg.max_new_tokens, [dec])
+        if (slots, speculative) not in engines:
+            engines[slots, speculative] = setup.engine(1, slots, dec if speculative else None)
+        engine = engines[slots, speculative]
+        (done,), seconds, compiled = eval_batched.timed_call(lambda: engine.generate([request]))
+        if compiled and timed:
+            retimed += 1
+            _, seconds, _ = eval_batched.timed_call(lambda: engine.generate([request]))
+        return done, seconds
 
     t0 = time.perf_counter()
     with progress:
-        for c in range(len(dialogues)):  # one row: a conversation at a time, turn by turn
-            # each turn on a cache its prompt fits: a later turn's holds the earlier answers
+        for c in range(len(dialogues)):  # a conversation at a time, turn by turn
             while (ids := prompt(c)) is not None:
-                slots = eval_batched.slots_for([ids], cfg.max_new_tokens, [dec])
-                if slots not in engines:  # engines (and programs) per cache size, as needed
-                    engines[slots] = setup.engine(1, slots, dec)
-                turn = iter([ids])
-                conversations.drive(engines[slots], [c], lambda c, turn=turn: next(turn, None),
-                                    lambda c, ids: Request((c, ids), ids, cfg.max_new_tokens,
-                                                           offsets[c] + len(dialogues[c].turns)),
-                                    answered, lambda c: None)
+                turn = len(dialogues[c].turns)
+                request = Request(offsets[c] + turn, ids, cfg.max_new_tokens, offsets[c] + turn)
+                done, seconds = run(request, True)
+                answers[c, turn] = request, done, seconds
+                text = tokenizer.decode(done.tokens, skip_special_tokens=True)
+                dialogues[c].answer(Turn(text.strip(), len(ids), len(done.tokens),
+                                         done.finish_reason))
+                progress.update(len(answers), prompts.num_turns)
     order = sorted(answers)
-    todo = [Request(offsets[c] + t, answers[c, t][0], cfg.max_new_tokens, offsets[c] + t)
-            for c, t in order]
     spec = [answers[k][1] for k in order]
-    spec_seconds = plain_seconds = [0.0] * len(todo)  # not timed: acceptance alone
+    spec_seconds = [answers[k][2] if timed else 0.0 for k in order]
+    plain, plain_seconds = [], [0.0] * len(order)  # not timed: acceptance alone
     if timed:
-        slots = eval_batched.slots_for([r.prompt for r in todo], cfg.max_new_tokens, [dec])
-        # timed one answer at a time after a pass that compiles (batch 1: no answer waits)
-        _, spec_seconds, _ = eval_batched.timed(setup.engine(1, slots, dec), todo, True)
-        plain, plain_seconds, _ = eval_batched.timed(setup.engine(1, slots, None), todo, True)
+        runs = [run(answers[k][0], False) for k in order]
+        plain, plain_seconds = [done for done, _ in runs], [seconds for _, seconds in runs]
         compile_s = time.perf_counter() - t0 - sum(spec_seconds) - sum(plain_seconds)
     samples = []
-    for (c, t), r, s_, s_sec, p_sec in zip(order, todo, spec, spec_seconds, plain_seconds,
-                                            strict=True):
+    for (c, t), s_, s_sec, p_sec in zip(order, spec, spec_seconds, plain_seconds,
+                                         strict=True):
+        r = answers[c, t][0]
         samples.append(GenerationSample(
             prompts.conversations[c].id, t + 1, r.prompt, s_.tokens,
             tokenizer.decode(s_.tokens, skip_special_tokens=True), s_.accept_lengths,
@@ -326,7 +333,8 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
             "baseline_new_tokens": plain_tokens,
             # sampled answers differ by chance; only greedy ones must be identical
             "identical_to_baseline": identical if cfg.temperature == 0 else None,
-            "compile_s": round(compile_s, 2)}, samples
+            # untimed: compiling, and the first runs of the answers that compiled
+            "compile_s": round(compile_s, 2), "retimed_answers": retimed}, samples
 
 
 def _check_context(cid: str, turn: int, length: int, max_new: int, context: int,
