@@ -20,6 +20,13 @@ GPU (the numbers to report):
         --draft runs/llama/final --prompts mt-bench --steps 3,5,7,5/4/8 --max-new-tokens 256 \\
         --concurrency 1,8,32,64
 
+Where a step's time goes (draft, verify, host): `--profile DIR` traces one more pass of the
+answered prompts at batch --profile-batch, speculatively (the first shape of --steps) and
+plainly, and prints each split by named scope (benchmarks/profile_summary.py); with
+--tau-only the rest is cheap:
+
+    python benchmarks/decode_speed.py ... --steps 3 --tau-only --profile /tmp/prof
+
 CPU (small settings, a few minutes):
 
     python benchmarks/decode_speed.py --target SmolLM2-135M-Instruct.Q4_1.gguf \\
@@ -31,8 +38,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -109,7 +118,15 @@ def main() -> None:
                    help="how the engine's steps read the KV cache (EngineConfig.attention)")
     p.add_argument("--concurrency", default=None,
                    help="batch sizes for batched decoding, e.g. 1,8,32,64 (default: none)")
+    p.add_argument("--profile", default=None, help="a directory: trace a pass of the answered "
+                   "prompts both ways at --profile-batch and print where the time goes")
+    p.add_argument("--profile-batch", type=int, default=8)
     args = p.parse_args()
+    if args.profile:  # read when the backend starts (as generate_speed.py --profile)
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to="
+                                   f"{args.profile}/hlo --xla_dump_hlo_as_text "
+                                   "--xla_dump_hlo_module_re=.*(_decode|_verify|_prefill).* "
+                                   "--xla_gpu_enable_command_buffer=").strip()
     console = Console(stderr=True)
 
     t0 = time.perf_counter()
@@ -171,6 +188,8 @@ def main() -> None:
             print(json.dumps(r))
     if args.concurrency:
         batched(setups, answered, args, console)
+    if args.profile:
+        profile(setups[0], answered, args)
 
 
 def batched(setups, prompt_ids, args, console) -> None:
@@ -196,6 +215,25 @@ def batched(setups, prompt_ids, args, console) -> None:
                  if chain else ""))
     if args.json:
         print(json.dumps(out))
+
+
+def profile(setup, prompt_ids, args) -> None:
+    """The first shape and plain decoding at --profile-batch rows: a pass that compiles, then
+    the same pass traced (benchmarks/profile_summary.py)."""
+    import profile_summary
+
+    todo = eval_batched.requests(prompt_ids, args.max_new_tokens)
+    slots = eval_batched.slots_for(prompt_ids, args.max_new_tokens, [setup.draft.dec])
+    b = args.profile_batch
+    for name, dec in ((eval_batched.shape_name(setup.draft.dec), setup.draft.dec),
+                      ("plain", None)):
+        engine = setup.engine(b, slots, dec)
+        engine.generate(todo)
+        summary = profile_summary.profile_engine(
+            engine, todo, Path(args.profile) / f"trace-{name.replace('/', '-')}-b{b}",
+            Path(args.profile) / "hlo")
+        print(f"\nprofile, batch {b}, {name}: {len(todo)} prompts, traced\n```\n{summary}"
+              f"\n```", flush=True)
 
 
 if __name__ == "__main__":

