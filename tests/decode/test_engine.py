@@ -275,3 +275,27 @@ def test_the_ragged_kernel_decodes_every_length_with_one_program(llama):
     got = engine.generate([Request(i, p, 32) for i, p in enumerate(prompts)])
     assert [len(c.tokens) for c in got] == [32, 32]
     assert [p for p in engine.programs if p[0] == "decode"] == [("decode", 2, 8, 256)]
+
+
+def test_a_decode_program_updates_the_cache_in_place(llama):
+    """In the compiled decode program (32 steps in a while loop) nothing but the cache writes
+    (a scatter of each row's new keys) and the loop's own plumbing makes an array of a
+    layer's cache shape: no copy of the cache (its bytes bound the step on a GPU), whether
+    per step or to keep the caller's, which the program is given to update (donated)."""
+    import re
+
+    _, _, ckpt, w, mesh, _ = llama
+    cfg = ckpt.config
+    engine = Engine(cfg, w, mesh, [], EngineConfig(rows=4, max_context=256, sync_every=32))
+    text = engine._step.lower(
+        engine.w, None, None, engine.cache, engine.dcache, engine.state, engine.base_key,
+        engine.stop_ids, jnp.asarray(False), steps=32, window=128).compile().as_text()
+    shape = f"f32[4,256,{cfg.num_kv_heads},{cfg.head_dim}]"
+    makers = re.findall(rf"= {re.escape(shape)}\S* ([\w-]+)\((?:.*?calls=%?([\w.-]+))?", text)
+    assert makers, text[:2000]
+    plumbing = {"parameter", "get-tuple-element", "tuple", "bitcast", "while"}
+    odd = [m for m in makers if m[0] not in plumbing
+           and not (m[0] == "fusion" and "scatter" in m[1]) and m[0] != "scatter"]
+    assert not odd, f"cache-sized arrays made by {odd}"
+    assert len([m for m in makers if m[0] == "scatter" or "scatter" in m[1]]) >= \
+        2 * cfg.num_layers  # each layer's keys and values, in place
