@@ -4,6 +4,7 @@ templates from files."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -75,14 +76,27 @@ def _gguf_tokenizer(path: Path) -> Any:
     without that converter module (< 5.18) takes its own path, which needs torch.
     """
     try:
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-            GGUF_TOKENIZER_MAPPING,
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (  # noqa: F401
             convert_gguf_tokenizer,
         )
     except ImportError:
         from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    stat = path.stat()
+    cls, backend, kwargs = _gguf_converted(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    return cls(tokenizer_object=backend, **kwargs)  # a copy of the backend: callers own theirs
+
+
+@functools.lru_cache(maxsize=2)
+def _gguf_converted(path: str, mtime_ns: int, size: int) -> tuple[type, Any, dict[str, Any]]:
+    """The tokenizer class, converted backend and arguments for a GGUF file (as it is at
+    `mtime_ns`, `size`): converting a 262,144-token vocabulary takes seconds, and commands
+    run one after another in one process (tests, notebooks) read the same file again."""
     from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
 
     from eagle3kit.io.gguf import open_reader
 
@@ -104,7 +118,7 @@ def _gguf_tokenizer(path: Path) -> Any:
     cls = PreTrainedTokenizerFast
     if arch in ("gemma", "gemma2", "gemma3"):  # AutoTokenizer's class for these model types
         from transformers.models.gemma.tokenization_gemma import GemmaTokenizer as cls
-    return cls(tokenizer_object=backend, **config, **extra)
+    return cls, backend, {**config, **extra}
 
 
 def _needs_torch(e: BaseException | None) -> bool:
