@@ -253,20 +253,23 @@ def test_generate_prompts_from_stdin(tiny, tmp_path):
 def test_a_later_turn_longer_than_the_first_gets_a_cache_that_holds_it(tiny, tmp_path):
     """Turn 2's prompt holds turn 1's answer: a cache sized for turn 1 cannot hold it (MT-bench
     at 256 new tokens stopped on this on a GPU). The tiny target's context is raised to 1,024
-    so that turn 2 needs more than the smallest cache."""
+    so that turn 2 needs more than the smallest cache. A long first turn (221 tokens) and a
+    short answer: turn 1 fits the smallest cache (256 slots) just, turn 2 does not, and each
+    turn reads one attention window (the programs of a longer answer are what a CPU spares)."""
     a, draft = tiny
     target = tmp_path / "target"
     shutil.copytree(a / "target", target)
     config = json.loads((target / "config.json").read_text())
     (target / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 1024}))
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"id": "two", "turns": ["Name a color.", "And another?"]}) + "\n")
+    long_turn = "Name a color. " + "Not red, not blue. " * 31
+    prompts.write_text(json.dumps({"id": "two", "turns": [long_turn, "And another?"]}) + "\n")
     samples = tmp_path / "samples.jsonl"
     r = invoke(["eval", "--target", target, "--draft", draft, "--prompts", prompts, "--steps", 3,
-                "--max-new-tokens", 200, *FP32, "--samples", samples, "--json"])
+                "--max-new-tokens", 24, *FP32, "--samples", samples, "--json"])
     assert r.exit_code == 0, r.output
     first, second = [json.loads(line) for line in samples.read_text().splitlines()]
-    assert len(first["prompt_ids"]) + 200 + 4 <= 256 < len(second["prompt_ids"]) + 200 + 4
+    assert len(first["prompt_ids"]) + 24 + 4 <= 256 < len(second["prompt_ids"]) + 24 + 4
     assert json.loads(r.stdout)["identical_to_baseline"] == 2
 
 # ---- bad input: one line, non-zero exit, nothing half-written --------------------------------

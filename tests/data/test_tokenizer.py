@@ -59,6 +59,17 @@ def test_gguf_tokenizer_is_transformers_own_without_torch(smollm2_gguf):
     assert out == ["49152", "False"], out
 
 
+@pytest.mark.slow
+def test_a_gguf_file_read_twice_gives_two_tokenizers(smollm2_gguf):
+    """The converted vocabulary is kept per process (commands run one after another in one
+    process read the same file again), but each caller owns its tokenizer."""
+    first = load_tokenizer(str(smollm2_gguf))
+    first.add_tokens(["<not-in-the-file>"])
+    second = load_tokenizer(str(smollm2_gguf))
+    assert len(second) == len(first) - 1 == 49152
+    assert second.encode("<not-in-the-file>") != first.encode("<not-in-the-file>")
+
+
 def test_missing_local_paths_are_named(tmp_path):
     with pytest.raises(InputError, match="nope.gguf: no such file or directory"):
         load_tokenizer(str(tmp_path / "nope.gguf"))

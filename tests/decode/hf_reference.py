@@ -1,5 +1,5 @@
-"""References from transformers for the decoding tests: greedy `generate` (and the same
-check in one forward), and a check that sampled streams draw fresh randomness at every token.
+"""References from transformers for the decoding tests: greedy `generate`'s tokens checked in
+one forward, and a check that sampled streams draw fresh randomness at every token.
 
 `repeat_zscores`: in a correctly sampled stream, token i given everything before it is a
 draw from p_i = softmax(logits_i / T), so the indicator "token i equals token i-l" has
@@ -16,15 +16,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-
-def hf_greedy(model, prompt: list[int], new: int) -> list[int]:
-    """`new` greedy tokens of transformers' `generate` after `prompt` (no stop token)."""
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt),
-                                                                          dtype=torch.long),
-                         max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def greedy_divergence(model, prompt: list[int], tokens: list[int]) -> int | None:

@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,6 +33,7 @@ from tests.data import chat_tokenizers
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = {"llama": ROOT / "examples" / "llama-3.1-8b-instruct" / "Makefile",
            "qwen3": ROOT / "examples" / "qwen3-8b" / "Makefile"}
+WARM_CLI = Path(__file__).with_name("warm_cli.py")
 TOKENIZERS = {"llama": "llama3", "qwen3": "qwen3"}
 HUB_IDS = {"llama": "meta-llama/Llama-3.1-8B-Instruct", "qwen3": "Qwen/Qwen3-8B"}
 
@@ -81,6 +83,23 @@ def tiny_target(family: str, directory: Path) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def e3k(tmp_path_factory):
+    """E3K for the toy runs: each command forked from a server that imported eagle3kit once
+    (tests/examples/warm_cli.py), instead of a fresh `python -m eagle3kit` each."""
+    sock = Path(tempfile.mkdtemp(prefix="e3k-")) / "s"  # a short path: sockets take 107 bytes
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    server = subprocess.Popen([sys.executable, str(WARM_CLI), "serve", str(sock)], env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline() == "ready\n", "the eagle3kit fork server did not start"
+        yield f"{shlex.quote(sys.executable)} -I {shlex.quote(str(WARM_CLI))} {sock}"
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(sock.parent, ignore_errors=True)
+
+
 def make(family: str, *args: str, **variables) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
     cmd = ["make", "--no-print-directory", "-f", str(RECIPES[family]), *args,
@@ -88,10 +107,9 @@ def make(family: str, *args: str, **variables) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
 
 
-def toy(family: str, target: Path, out: Path, data: dict[str, Path], **extra) -> dict:
+def toy(family: str, target: Path, out: Path, data: dict[str, Path], e3k: str, **extra) -> dict:
     """The recipe's variables at toy scale; everything else is the recipe's own."""
-    return {"TARGET": target, "TARGET_NAME": HUB_IDS[family], "OUT": out,
-            "E3K": f"{shlex.quote(sys.executable)} -m eagle3kit", **data,
+    return {"TARGET": target, "TARGET_NAME": HUB_IDS[family], "OUT": out, "E3K": e3k, **data,
             "RECORDS": 30, "TOKENIZE_JOBS": 1, "MAX_STEPS": 4, "HELDOUT_EVERY": 6, "SEQ_LEN": 128, "VOCAB_SIZE": 256,
             "EPOCHS": 1, "BATCH": 2, "GRAD_ACCUM": 1, "TTT": 2, "DTYPE": "float32",
             "TARGET_DTYPE": "float32", "TRAIN_FLAGS": "--log-every 1 --eval-every 1000",
@@ -118,11 +136,11 @@ def check_card(card: str, family: str, prompt_sets: tuple[str, ...] = ()) -> Non
     assert "## Limitations" in card
 
 
-def test_llama_v1_end_to_end_and_resumable(toy_data, tmp_path):
+def test_llama_v1_end_to_end_and_resumable(toy_data, e3k, tmp_path):
     target = tiny_target("llama", tmp_path / "target")
     out = tmp_path / "run"
     # no prompt set here (the Qwen3 run decodes MT-bench): the teacher-forced eval only
-    variables = toy("llama", target, out, toy_data, PROMPT_SETS="")
+    variables = toy("llama", target, out, toy_data, e3k, PROMPT_SETS="")
     r = ok(make("llama", "-j2", "all", **variables))
     v1 = out / "v1"
     held = [c.id for c in read_chat_records(out / "chats" / "heldout.jsonl")]
@@ -144,10 +162,10 @@ def test_llama_v1_end_to_end_and_resumable(toy_data, tmp_path):
         f" {w} " for w in r.stdout.split())
 
 
-def test_qwen3_v2_regenerates_in_non_thinking_mode(toy_data, tmp_path):
+def test_qwen3_v2_regenerates_in_non_thinking_mode(toy_data, e3k, tmp_path):
     target = tiny_target("qwen3", tmp_path / "target")
     out = tmp_path / "run"
-    variables = toy("qwen3", target, out, toy_data, VERSION="v2", PROMPT_SETS="mt-bench")
+    variables = toy("qwen3", target, out, toy_data, e3k, VERSION="v2", PROMPT_SETS="mt-bench")
     ok(make("qwen3", "all", **variables))
     original = {c.id: c for c in read_chat_records(out / "chats" / "train.jsonl")}
     regenerated = list(read_chat_records(out / "v2" / "regenerated" / "train.jsonl"))

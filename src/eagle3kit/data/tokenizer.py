@@ -4,6 +4,7 @@ templates from files."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -73,11 +74,12 @@ def _gguf_tokenizer(path: Path) -> Any:
     before: `load_gguf_checkpoint`). Here io.gguf reads the metadata and
     transformers' converter builds the tokenizer from it, as `AutoTokenizer.from_pretrained(
     dir, gguf_file=...)` does (tests/data/test_tokenizer.py checks they agree). A transformers
-    without that converter module (< 5.18) takes its own path, which needs torch.
+    without that converter module (< 5.18) takes its own path, which needs torch, with the
+    file's control tokens added as 5.18+ adds them; for Gemma, whose tokenizer that path
+    builds wrong, `_gemma_tokenizer`.
     """
     try:
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-            GGUF_TOKENIZER_MAPPING,
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (  # noqa: F401
             convert_gguf_tokenizer,
         )
     except ImportError:
@@ -87,7 +89,21 @@ def _gguf_tokenizer(path: Path) -> Any:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         return with_gguf_added_tokens(tok, fields)
+    stat = path.stat()
+    cls, backend, kwargs = _gguf_converted(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    return cls(tokenizer_object=backend, **kwargs)  # a copy of the backend: callers own theirs
+
+
+@functools.lru_cache(maxsize=2)
+def _gguf_converted(path: str, mtime_ns: int, size: int) -> tuple[type, Any, dict[str, Any]]:
+    """The tokenizer class, converted backend and arguments for a GGUF file (as it is at
+    `mtime_ns`, `size`): converting a 262,144-token vocabulary takes seconds, and commands
+    run one after another in one process (tests, notebooks) read the same file again."""
     from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
 
     meta = {k: v for k, v in open_reader(path).fields.items()
             if k.startswith("tokenizer.") or k == "general.architecture"}
@@ -105,9 +121,9 @@ def _gguf_tokenizer(path: Path) -> Any:
     arch = meta["general.architecture"]
     backend, extra = convert_gguf_tokenizer(arch, tokenizer)
     cls = PreTrainedTokenizerFast
-    if arch in ("gemma", "gemma2", "gemma3"):  # AutoTokenizer's class for these model types
+    if arch in _GEMMA_ARCHS:  # AutoTokenizer's class for these model types
         from transformers.models.gemma.tokenization_gemma import GemmaTokenizer as cls
-    return cls(tokenizer_object=backend, **config, **extra)
+    return cls, backend, {**config, **extra}
 
 
 _GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
