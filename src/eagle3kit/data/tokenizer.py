@@ -154,14 +154,6 @@ def _gemma_tokenizer(fields: dict[str, Any]) -> Any:
     return with_gguf_added_tokens(GemmaTokenizer(vocab=vocab, merges=merges, **config), fields)
 
 
-def _byte_alphabet() -> set[str]:
-    """The 256 characters a byte-level (GPT-2) vocabulary spells its tokens with."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
-            *range(ord("\u00ae"), ord("\u00ff") + 1)]
-    extra = (b for b in range(256) if b not in keep)
-    return {chr(b) for b in keep} | {chr(256 + n) for n, _ in enumerate(extra)}
-
-
 def with_gguf_added_tokens(tokenizer: Any, fields: dict[str, Any]) -> Any:
     """`tokenizer` with the tokens the GGUF file marks CONTROL (type 3: `<end_of_turn>`,
     `<|im_end|>`) added as special tokens and USER_DEFINED (4: `<think>`) as plain added
@@ -170,10 +162,12 @@ def with_gguf_added_tokens(tokenizer: Any, fields: dict[str, Any]) -> Any:
     of a byte-level vocabulary spelled outside its byte alphabet is a llama.cpp mislabel and
     is skipped, as transformers does."""
     from tokenizers import AddedToken
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     tokens = fields.get("tokenizer.ggml.tokens") or []
     types = fields.get("tokenizer.ggml.token_type") or []
-    alphabet = _byte_alphabet() if fields.get("tokenizer.ggml.model") == "gpt2" else None
+    byte_level = fields.get("tokenizer.ggml.model") == "gpt2"
+    alphabet = set(bytes_to_unicode().values()) if byte_level else None
     backend = tokenizer.backend_tokenizer
     have = {t.content for t in backend.get_added_tokens_decoder().values()}
     control = [AddedToken(t, normalized=False, special=True)

@@ -64,6 +64,8 @@ from eagle3kit.decode.speculative import Speculation
 from eagle3kit.errors import ResourceError, UserError
 
 KV_ATTENTION = ("xla", "pallas")  # EngineConfig.attention's choices
+MIN_PREFILL = 128  # shortest prefill bucket (tokens), unless prefill_chunk is shorter
+MIN_WINDOW = 128  # shortest attention window (positions)
 
 
 def auto_kv_attention(devices: Sequence[Any]) -> str:
@@ -71,8 +73,6 @@ def auto_kv_attention(devices: Sequence[Any]) -> str:
     (measured faster there: 53,482 against 34,354 tokens/s for SmolLM2 at 512 rows,
     docs/benchmarks.md), the XLA path elsewhere (a CPU, a TPU, a mesh of several devices)."""
     return "pallas" if len(devices) == 1 and devices[0].platform == "gpu" else "xla"
-MIN_PREFILL = 128  # shortest prefill bucket (tokens), unless prefill_chunk is shorter
-MIN_WINDOW = 128  # shortest attention window (positions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -483,17 +483,18 @@ class Engine:
 
     def _run_rows(self, waiting: bool) -> list[Completion]:
         steps = self.cfg.sync_every
-        longest = max(len(r.request.prompt) + len(r.tokens) for r in self.rows
-                      if r is not None and r.remaining_prompt == 0)
-        # the furthest slot a live row can write in this program: each step commits at most
-        # K+1 tokens (plain: 1) and writes `verified` from its newest token's slot
-        per_step = self.spec.dec.steps + 1 if self.spec else 1
-        window = window_bucket(longest + steps * per_step + self.verified - per_step,
-                               self.cfg.max_context)
         if self.spec is None and self.cfg.attention != "xla":
             # the kernel reads each row to its own length and no window: one program serves
             # every length, where a window bucket each recompiled the same step (8B: ~10)
             window = self.cfg.max_context
+        else:
+            longest = max(len(r.request.prompt) + len(r.tokens) for r in self.rows
+                          if r is not None and r.remaining_prompt == 0)
+            # the furthest slot a live row can write in this program: each step commits at
+            # most K+1 tokens (plain: 1) and writes `verified` from its newest token's slot
+            per_step = self.spec.dec.steps + 1 if self.spec else 1
+            window = window_bucket(longest + steps * per_step + self.verified - per_step,
+                                   self.cfg.max_context)
         self.programs.add(("verify" if self.spec else "decode", self.cfg.rows, steps, window))
         spec = self.spec
         with use_mesh(self.mesh):
