@@ -115,9 +115,9 @@ def testgeneration_mesh():
         generation_mesh("tensor=two")
 
 
-def test_acceptance_alone_is_what_the_timed_run_measures(tiny, tmp_path):
-    """generate_samples(timed=False) (decode_speed.py --tau-only, tau on a CPU) answers the
-    same turns with the same accepted lengths as the timed run, and claims no speed."""
+def _one_row_eval(tiny, tmp_path, turns: dict[str, list[str]], steps: int, max_new: int):
+    """generate_samples on the tiny target in float32 over the prompt set `turns`
+    (conversation id -> user turns): (setup(draft), answer(setup, timed=True))."""
     import json
 
     import jax.numpy as jnp
@@ -126,7 +126,6 @@ def test_acceptance_alone_is_what_the_timed_run_measures(tiny, tmp_path):
     from eagle3kit.core import draft as draft_lib
     from eagle3kit.core import target
     from eagle3kit.core.ttt import VocabArrays
-    from eagle3kit.core.vocab import VocabMap
     from eagle3kit.data.prompts import load_prompts
     from eagle3kit.data.tokenizer import load_tokenizer
     from eagle3kit.decode.speculative import Speculation
@@ -134,15 +133,15 @@ def test_acceptance_alone_is_what_the_timed_run_measures(tiny, tmp_path):
     from eagle3kit.jobs import eval_batched
     from eagle3kit.jobs.evaluate import EvalConfig, decode_config, generate_samples
 
-    a, ckpt, _, random_draft = tiny
+    a, ckpt, _, _ = tiny
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"id": "c", "turns": ["Name a color.", "Another?"]}) + "\n"
-                       + json.dumps({"id": "d", "turns": ["Count to three."]}) + "\n")
+    prompts.write_text("".join(json.dumps({"id": i, "turns": t}) + "\n"
+                               for i, t in turns.items()))
     tokenizer = load_tokenizer(str(a / "target"))
     mesh = generation_mesh(None)
     target_w = target.unstack_in_place(load_target(ckpt, mesh, jnp.float32), ckpt.config)
-    cfg = EvalConfig(target=str(a / "target"), draft="d", prompts=str(prompts), steps=3,
-                     max_new_tokens=24, target_dtype="float32")
+    cfg = EvalConfig(target=str(a / "target"), draft="d", prompts=str(prompts), steps=steps,
+                     max_new_tokens=max_new, target_dtype="float32")
     console = Console(stderr=True, quiet=True)
 
     def setup(draft):
@@ -151,10 +150,24 @@ def test_acceptance_alone_is_what_the_timed_run_measures(tiny, tmp_path):
                                       jax.tree.map(jnp.asarray, draft.weights), jnp.float32),
                                       VocabArrays.from_map(draft.vocab), decode_config(cfg)))
 
+    def answer(setup, timed: bool = True):
+        return generate_samples(setup, load_prompts(str(prompts)), tokenizer, cfg, console,
+                                timed=timed)
+
+    return setup, answer
+
+
+def test_acceptance_alone_is_what_the_timed_run_measures(tiny, tmp_path):
+    """generate_samples(timed=False) (decode_speed.py --tau-only, tau on a CPU) answers the
+    same turns with the same accepted lengths as the timed run, and claims no speed."""
+    from eagle3kit.core.vocab import VocabMap
+
+    _, ckpt, _, random_draft = tiny
+    setup, answer = _one_row_eval(tiny, tmp_path, {"c": ["Name a color.", "Another?"],
+                                                   "d": ["Count to three."]}, 3, 24)
     # a draft that always proposes the target's most frequent greedy token m (draft index 0
     # of a vocab starting at m, all logits 0): accepted wherever the target repeats m
-    _, first = generate_samples(setup(random_draft), load_prompts(str(prompts)), tokenizer,
-                                cfg, console, timed=False)
+    _, first = answer(setup(random_draft), timed=False)
     m = int(np.bincount([t for s in first for t in s.generated_ids]).argmax())
     w = jax.tree.map(np.asarray, random_draft.weights)
     w.final_norm = np.zeros_like(w.final_norm)
@@ -162,10 +175,8 @@ def test_acceptance_alone_is_what_the_timed_run_measures(tiny, tmp_path):
         np.arange(m, m + random_draft.config.draft_vocab_size), ckpt.config.vocab_size),
         "tiny", ckpt.hf_config, {})
     setup = setup(draft)
-    timed, timed_samples = generate_samples(setup, load_prompts(str(prompts)), tokenizer, cfg,
-                                            console)
-    alone, samples = generate_samples(setup, load_prompts(str(prompts)), tokenizer, cfg,
-                                      console, timed=False)
+    timed, timed_samples = answer(setup)
+    alone, samples = answer(setup, timed=False)
     assert [(s.id, s.turn, s.generated_ids, s.accept_lengths) for s in samples] == \
         [(s.id, s.turn, s.generated_ids, s.accept_lengths) for s in timed_samples]
     # every acceptance figure (tau, verify steps, tokens) is the timed run's, nothing more
@@ -190,39 +201,10 @@ def test_a_timed_run_times_again_only_the_answers_that_compiled(tiny, tmp_path):
     """Each answer is timed alone; one during which JAX compiled is run again and timed
     again. A second timed run of the same prompts meets only compiled shapes: it runs no
     answer twice, and it measures the same answers."""
-    import json
-
-    import jax.numpy as jnp
-    from rich.console import Console
-
-    from eagle3kit.core import draft as draft_lib
-    from eagle3kit.core import target
-    from eagle3kit.core.ttt import VocabArrays
-    from eagle3kit.data.prompts import load_prompts
-    from eagle3kit.data.tokenizer import load_tokenizer
-    from eagle3kit.decode.speculative import Speculation
-    from eagle3kit.io.hf import load_target
-    from eagle3kit.jobs import eval_batched
-    from eagle3kit.jobs.evaluate import EvalConfig, decode_config, generate_samples
-
-    a, ckpt, _, draft = tiny
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"id": "c", "turns": ["Name a color.", "Another?"]}) + "\n")
-    tokenizer = load_tokenizer(str(a / "target"))
-    mesh = generation_mesh(None)
-    cfg = EvalConfig(target=str(a / "target"), draft="d", prompts=str(prompts), steps=2,
-                     max_new_tokens=8, target_dtype="float32")
-    setup = eval_batched.Setup(
-        ckpt.config, target.unstack_in_place(load_target(ckpt, mesh, jnp.float32), ckpt.config),
-        mesh, stop_ids(tokenizer, ckpt),
-        Speculation(draft.config, draft_lib.cast(jax.tree.map(jnp.asarray, draft.weights),
-                                                 jnp.float32),
-                    VocabArrays.from_map(draft.vocab), decode_config(cfg)))
-    console = Console(stderr=True, quiet=True)
+    setup, answer = _one_row_eval(tiny, tmp_path, {"c": ["Name a color.", "Another?"]}, 2, 8)
+    setup = setup(tiny[3])
     jax.clear_caches()  # what other tests of this process compiled is compiled again
-    runs = [generate_samples(setup, load_prompts(str(prompts)), tokenizer, cfg, console)
-            for _ in range(2)]
-    (first, first_samples), (second, second_samples) = runs
+    (first, first_samples), (second, second_samples) = answer(setup), answer(setup)
     assert first["retimed_answers"] >= 2  # the first speculative and plain answers compiled
     assert second["retimed_answers"] == 0
     assert [s.generated_ids for s in first_samples] == [s.generated_ids for s in second_samples]
