@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import time
 from pathlib import Path
@@ -122,11 +121,10 @@ def main() -> None:
                    "prompts both ways at --profile-batch and print where the time goes")
     p.add_argument("--profile-batch", type=int, default=8)
     args = p.parse_args()
-    if args.profile:  # read when the backend starts (as generate_speed.py --profile)
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to="
-                                   f"{args.profile}/hlo --xla_dump_hlo_as_text "
-                                   "--xla_dump_hlo_module_re=.*(_decode|_verify|_prefill).* "
-                                   "--xla_gpu_enable_command_buffer=").strip()
+    if args.profile:
+        import profile_summary
+
+        profile_summary.dump_engine_hlo(args.profile)
     console = Console(stderr=True)
 
     t0 = time.perf_counter()

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -176,12 +175,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.combine:
         return combine(args.combine)
-    if args.profile:  # read when the backend starts: the optimized HLO names every kernel;
-        # CUDA graphs (command buffers) would show as one opaque kernel, so none are built
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to="
-                                   f"{args.profile}/hlo --xla_dump_hlo_as_text "
-                                   "--xla_dump_hlo_module_re=.*(_decode|_verify|_prefill).* "
-                                   "--xla_gpu_enable_command_buffer=").strip()
+    if args.profile:
+        import profile_summary
+
+        profile_summary.dump_engine_hlo(args.profile)
 
     mesh = make_mesh(args.mesh) if args.mesh else make_mesh("data=1,tensor=1",
                                                              jax.devices()[:1])

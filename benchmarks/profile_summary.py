@@ -18,6 +18,7 @@ that XLA dumps (`--xla_dump_to`, `--xla_dump_hlo_as_text`) maps each instruction
 from __future__ import annotations
 
 import collections
+import os
 import re
 import time
 from pathlib import Path
@@ -30,6 +31,16 @@ PARTS = [("target_head", "target lm_head + softmax"), ("target", "target forward
 _INSTR = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=(?:.*?op_name="([^"]*)")?', re.M)
 _CALLS = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*?calls=%?([\w.\-]+)', re.M)
 _COMPUTATION = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$', re.M)
+
+
+def dump_engine_hlo(profile_dir: str) -> None:
+    """Before JAX starts its backend (it reads XLA_FLAGS then): XLA dumps the engine's
+    optimized programs to PROFILE_DIR/hlo, which `profile_engine` reads to name every
+    kernel, and builds no CUDA graphs (a command buffer shows as one opaque kernel)."""
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to="
+                               f"{profile_dir}/hlo --xla_dump_hlo_as_text "
+                               "--xla_dump_hlo_module_re=.*(_decode|_verify|_prefill).* "
+                               "--xla_gpu_enable_command_buffer=").strip()
 
 
 def op_names(hlo_dir: Path) -> dict[tuple[str, str], str]:
