@@ -249,7 +249,6 @@ def test_generate_prompts_from_stdin(tiny, tmp_path):
     assert sample["id"] == "<stdin>:1" and sample["turn"] == 1
 
 
-
 def test_a_later_turn_longer_than_the_first_gets_a_cache_that_holds_it(tiny, tmp_path):
     """Turn 2's prompt holds turn 1's answer: a cache sized for turn 1 cannot hold it (MT-bench
     at 256 new tokens stopped on this on a GPU). The tiny target's context is raised to 1,024
@@ -271,6 +270,7 @@ def test_a_later_turn_longer_than_the_first_gets_a_cache_that_holds_it(tiny, tmp
     first, second = [json.loads(line) for line in samples.read_text().splitlines()]
     assert len(first["prompt_ids"]) + 24 + 4 <= 256 < len(second["prompt_ids"]) + 24 + 4
     assert json.loads(r.stdout)["identical_to_baseline"] == 2
+
 
 # ---- bad input: one line, non-zero exit, nothing half-written --------------------------------
 

@@ -151,7 +151,6 @@ def test_the_ragged_kernel_reads_every_key_in_place(llama, chaotic):
         assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
 
 
-
 def test_auto_reads_the_cache_with_the_kernel_on_one_gpu_only():
     """`regenerate --kv-attention auto`: the ragged kernel where it was measured faster (one
     GPU per process), the XLA path on a CPU, a TPU, or a mesh (the kernel reads one device)."""
@@ -161,6 +160,7 @@ def test_auto_reads_the_cache_with_the_kernel_on_one_gpu_only():
     assert auto_kv_attention([gpu]) == "pallas"
     assert auto_kv_attention([gpu, gpu]) == auto_kv_attention([tpu]) == "xla"
     assert auto_kv_attention(jax.devices()[:1]) == "xla"  # this CPU
+
 
 def test_sampled_streams_draw_fresh_randomness_at_every_token(llama):
     """Temperature 1 on the tiny Llama, whose next-token distributions are nearly flat: a
