@@ -18,8 +18,10 @@
 # MULTI_CPU=1 runs the same commands on this machine's CPU with N simulated devices and tiny
 # shapes (a dry run before the GPU call: PY=.venv/bin/python MULTI_CPU=1 bash ... scale).
 # Knobs: SCALE_SET (dense,moe), SERIAL=1 (one-GPU baselines one after another instead of side
-# by side on GPUs 0 and 1), STEPS, TRAIN_STEPS, PROCS_SERIAL=1 (procs: the regenerate runs
-# after the train runs instead of beside them), GEN_SET (smollm2,8b), SMOL_GEN, BIG_GEN.
+# by side on GPUs 0 and 1), GPUS (the GPUs of the one-GPU processes, e.g. "2" for
+# ONE_GPU=1 shards beside other work), STEPS, TRAIN_STEPS, PROCS_SERIAL=1 (procs: the
+# regenerate runs after the train runs instead of beside them), GEN_SET (smollm2,8b),
+# SMOL_GEN, BIG_GEN.
 set -euo pipefail
 N=${N:-4}
 PY=${PY:-python3}
@@ -68,7 +70,8 @@ else
   # prompts and rows per GPU: SmolLM2 at 512 rows (~50K tokens/s a GPU), the 8B shape at
   # 128 rows, its best on one H200 (~9.5K tokens/s): about 10 s of timed decoding each
   GEN=(--new 256 --prompt-len 256) SMOL_GEN=${SMOL_GEN:-"2048 512"} BIG_GEN=${BIG_GEN:-"384 128"}
-  one_device() { echo CUDA_VISIBLE_DEVICES=$1; }
+  # GPUS="2 3": the I-th one-GPU process runs on the I-th GPU named (default 0..N-1)
+  one_device() { local g=(${GPUS:-$(seq 0 $((N - 1)))}); echo "CUDA_VISIBLE_DEVICES=${g[$1]}"; }
 fi
 E3K="$PY -m eagle3kit"
 mkdir -p "$OUTDIR"
