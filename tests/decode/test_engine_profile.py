@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
         "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
@@ -43,3 +45,28 @@ def test_profile_splits_a_decode_step_by_part_and_host_time(tmp_path):
                  "target: o_proj", "target: norm + MLP", "lm head (fp32 logits)", "sampling",
                  "row state"):
         assert part in parts, f"{part!r} missing from the step's parts:\n{out}"
+
+
+def test_the_roofline_adds_the_prefill_at_peak_to_the_decode_steps_bandwidth_bound():
+    from benchmarks.generate_speed import bounds
+
+    from eagle3kit.core.config import TargetConfig
+
+    cfg = TargetConfig.from_hf_config(TINY)
+    wb, bw, peak, slots, new = 1e6, 1e12, 1e15, 4, 40
+    # a decode step reads the weights and 4 rows of (prompt 20 + 20 mean new) keys, values
+    kv = 2 * 2 * 2 * 16 * 2  # K and V x layers x KV heads x head dim x bf16
+    step_s = (wb + slots * kv * (20 + new / 2)) / bw
+    bound, roofline = bounds(cfg, wb, [20] * 8, new, slots, bandwidth=bw, peak_flops=peak)
+    assert bound == pytest.approx(slots / step_s, rel=1e-12)
+    # each prompt token: 2 FLOPs per layer matmul weight (no lm head), and attention to the
+    # causal half of its prompt
+    layer_params = 2 * (64 * (64 + 2 * 32) + 64 * 64) + 2 * 3 * 64 * 128
+    prefill_s = 8 * 20 * (2 * layer_params + 2 * 2 * 4 * 16 * 2 * 10) / peak
+    assert 8 * new / roofline == pytest.approx(8 * new / bound + prefill_s, rel=1e-12)
+    # four data devices: four steps at once, a quarter of the rows each, prefill split too
+    bound4, roofline4 = bounds(cfg, wb, [20] * 8, new, slots, data=4, bandwidth=bw,
+                               peak_flops=peak)
+    assert bound4 == pytest.approx(slots * bw / (wb + slots / 4 * kv * (20 + new / 2)),
+                                   rel=1e-12)
+    assert 8 * new / roofline4 == pytest.approx(8 * new / bound4 + prefill_s / 4, rel=1e-12)
