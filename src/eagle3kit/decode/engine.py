@@ -70,8 +70,9 @@ MIN_WINDOW = 128  # shortest attention window (positions)
 
 def auto_kv_attention(devices: Sequence[Any]) -> str:
     """The KV attention `auto` picks for an engine on `devices`: the ragged kernel on one GPU
-    (measured faster there: 53,482 against 34,354 tokens/s for SmolLM2 at 512 rows,
-    docs/benchmarks.md), the XLA path elsewhere (a CPU, a TPU, a mesh of several devices)."""
+    (measured faster there: 129,020 against 37,281 tokens/s for SmolLM2 at 512 rows on an
+    H200, docs/benchmarks.md), the XLA path elsewhere (a CPU, a TPU, a mesh of several
+    devices)."""
     return "pallas" if len(devices) == 1 and devices[0].platform == "gpu" else "xla"
 
 
@@ -85,8 +86,8 @@ class EngineConfig:
     seed: int = 0
     repetition: Repetition | None = None  # end answers that loop (None: never)
     attention: str = "xla"  # how steps read the KV cache: "xla" (a window sliced out) or
-    # "pallas" (core/ragged_attention: each row in place to its own length; not yet the
-    # default: its GPU speed is to be measured, benchmarks/gpu_session.sh engine)
+    # "pallas" (core/ragged_attention: each row in place to its own length; `regenerate`
+    # picks it on one GPU, auto_kv_attention)
 
 
 @dataclasses.dataclass
