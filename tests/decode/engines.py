@@ -14,10 +14,11 @@ def slots_for(prompt_len: int, dec: DecodeConfig) -> int:
 
 def speculative(tcfg, target_w, dcfg, draft_w, vocab, dec: DecodeConfig, stops, mesh, *,
                 rows: int = 1, max_context: int = 256, sync_every: int = 8,
-                prefill_chunk: int = 512) -> Engine:
+                prefill_chunk: int = 512, check_every: int = 1) -> Engine:
     return Engine(tcfg, target_w, mesh, list(stops),
                   EngineConfig(rows=rows, max_context=max_context, sync_every=sync_every,
-                               prefill_chunk=prefill_chunk, sampling=Sampling(dec.temperature)),
+                               check_every=check_every, prefill_chunk=prefill_chunk,
+                               sampling=Sampling(dec.temperature)),
                   Speculation(dcfg, draft_w, vocab, dec))
 
 

@@ -100,6 +100,32 @@ def test_one_row_and_sixteen_rows_with_refill_give_the_same_tokens(llama):
     assert a[0].tokens != b[0].tokens
 
 
+def test_programs_that_check_every_four_steps_give_the_same_tokens(llama):
+    """EngineConfig(check_every=4): a decode program decides whether to end early only every
+    4 steps (a loop of fixed count between, which a GPU runs without reading the condition
+    back). Rows that reach their limit mid-way idle through the rest of the 4 (their tokens
+    are not emitted) and are refilled after: every request's sampled tokens are those of
+    check_every=1, and every program ran a multiple of 4 steps."""
+    family, model, ckpt, w, mesh, prompts = llama
+    prompts = (prompts * 2)[:12]
+    limits = [4 + (7 * i) % 29 for i in range(12)]  # most not multiples of 4
+    sampling = Sampling(temperature=0.8, top_p=0.9)
+    requests = [Request(i, p, n, i) for i, (p, n) in enumerate(zip(prompts, limits, strict=True))]
+    got, ran = {}, {}
+    for every in (1, 4):
+        engine = Engine(ckpt.config, w, mesh, [], EngineConfig(
+            rows=6, max_context=256, sync_every=8, check_every=every, prefill_chunk=32,
+            sampling=sampling))
+        got[every] = engine.generate(requests)
+        ran[every] = engine.device_steps
+    assert [c.tokens for c in got[4]] == [c.tokens for c in got[1]]
+    assert [len(c.tokens) for c in got[4]] == limits
+    assert ran[4] % 4 == 0 and ran[1] % 4  # (checking every step ended some programs early)
+    with pytest.raises(ValueError, match="check_every 3: a divisor of sync_every"):
+        Engine(ckpt.config, w, mesh, [], EngineConfig(rows=6, max_context=256, sync_every=8,
+                                                      check_every=3))
+
+
 def test_prefill_programs_have_the_same_rows_however_many_prompts_arrive(llama):
     """A prompt's prefill must not take its shape from its neighbours: a matmul's rounding
     depends on its shape, and on a GPU in bf16 a near-tie then turns a greedy answer (4 x H100:

@@ -48,11 +48,11 @@ def _expected(acc, i: int, limit: int, stops: set[int]) -> list[int]:
 
 
 def _run(acc, dec, rows, requests, stops=(), mesh=None, target_w=None, draft_w=None,
-         vocab=None, sync_every=4):
+         vocab=None, sync_every=4, check_every=1):
     engine = engines.speculative(acc.tcfg, target_w or acc.target_w, acc.dcfg,
                                  draft_w or acc.draft_w, vocab or acc.vocab, dec, stops,
                                  mesh or acc.mesh, rows=rows, max_context=SLOTS,
-                                 sync_every=sync_every)
+                                 sync_every=sync_every, check_every=check_every)
     return engine.generate(requests)
 
 
@@ -85,6 +85,16 @@ def test_batched_accepted_counts_equal_the_batch1_decoders(chain_run):
     hist = acceptance_summary([c.accept_lengths for c in done], accepting.K)["accept_histogram"]
     assert hist == acceptance_summary(batch1, accepting.K)["accept_histogram"]
     assert all(h > 0 for h in hist), hist  # every accepted length occurs, full chains too
+
+
+def test_verify_programs_that_check_every_two_steps_give_the_same_answers(chain_run):
+    """EngineConfig(check_every=2): a program decides whether to end only every 2 verify
+    steps, so rows that finished (a limit, a stop token) idle through up to one more step
+    before a refill; every request's tokens and accepted counts stay those of check_every=1."""
+    acc, stops, done = chain_run
+    every2 = _run(acc, CHAIN, 2, _requests(acc), stops, check_every=2)
+    assert [c.tokens for c in every2] == [c.tokens for c in done]
+    assert [c.accept_lengths for c in every2] == [c.accept_lengths for c in done]
 
 
 def test_batched_greedy_tree_is_plain_greedy_and_caches_hold_the_committed_keys(

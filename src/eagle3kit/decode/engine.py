@@ -18,8 +18,9 @@ pending request at once. Programs are compiled once per shape:
               forward, each row accepting by its own rule. Finished and free rows idle
               (they write nothing a live query can read). The program ends early once no
               row is live, or once a row finished while requests wait, so no step is run
-              for nothing and no request waits on idle rows. The host syncs once per
-              program, collects the tokens, retires finished rows and refills them.
+              for nothing and no request waits on idle rows (checked every `check_every`
+              steps: between checks the device needs no word from the host). The host syncs
+              once per program, collects the tokens, retires finished rows and refills them.
 
 Attention reads only the first `window` slots of each row, a bound over the longest live
 sequence (`window_bucket`) and, speculative, over where its rows can write during the
@@ -81,6 +82,8 @@ class EngineConfig:
     rows: int = 64  # C: sequences decoded at once
     max_context: int = 4096  # S: prompt + answer (+ one verify's tokens), per row
     sync_every: int = 32  # device steps per program (host syncs)
+    check_every: int = 1  # device steps between a program's checks whether to end early
+    # (run_steps; fewer checks, fewer of the loop's reads back to the host)
     prefill_chunk: int = 512  # longest prefill piece
     sampling: Sampling = Sampling()
     seed: int = 0
@@ -198,22 +201,37 @@ def _prefill(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, tokens
     return cache, dcache, state, token
 
 
-def run_steps(body, carry: tuple, steps: int, waiting, state_at: int) -> tuple:
+def run_steps(body, carry: tuple, steps: int, waiting, state_at: int, every: int = 1
+              ) -> tuple:
     """`body(i, carry) -> carry` for i = 0, 1, ... while fewer than `steps` ran, a row is still
     live, and no row live at the start has finished while `waiting` (requests queued for it),
     so no step runs for nothing and a freed row is refilled at once. `carry[state_at]` is the
-    rows' state (its `active` [C]); returns (steps run, *carry)."""
+    rows' state (its `active` [C]); returns (steps run, *carry).
+
+    The condition is checked before every `every` steps (`steps` a multiple of it): on a GPU,
+    XLA reads a loop's condition back to the host before each iteration, and the device
+    idles while the host then launches the iteration's kernels; the `every` steps between
+    two checks are a loop of a fixed count, which runs without that read. Up to `every` - 1
+    steps may then run after the program could have ended (finished rows idle in them)."""
     live_at_start = carry[state_at].active
 
     def more(c):
         active = c[1 + state_at].active
         return (c[0] < steps) & active.any() & ~(waiting & (live_at_start & ~active).any())
 
-    return jax.lax.while_loop(more, lambda c: (c[0] + 1, *body(c[0], c[1:])), (0, *carry))
+    def steps_from(c):
+        i = c[0]
+        if every == 1:
+            return (i + 1, *body(i, c[1:]))
+        return (i + every,
+                *jax.lax.fori_loop(0, every, lambda j, rest: body(i + j, rest), c[1:]))
+
+    return jax.lax.while_loop(more, steps_from, (0, *carry))
 
 
 def _decode(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting, *,
-            cfg: TargetConfig, sampling: Sampling, steps: int, window: int, rows_impl: str):
+            cfg: TargetConfig, sampling: Sampling, steps: int, window: int, rows_impl: str,
+            every: int):
     """Up to `steps` plain decoding steps of every row -> (cache, dcache, state, tokens
     [C, steps, 1] (-1 where a row emitted nothing), accepted (None), steps run)."""
     c = state.token.shape[0]
@@ -237,13 +255,14 @@ def _decode(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
         return cache, s, out
 
     out = jnp.full((c, steps, 1), -1, jnp.int32)
-    ran, cache, state, out = run_steps(body, (cache, state, out), steps, waiting, state_at=1)
+    ran, cache, state, out = run_steps(body, (cache, state, out), steps, waiting, state_at=1,
+                                       every=every)
     return cache, dcache, state, out, None, ran
 
 
 def _verify(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting, *,
             cfg: TargetConfig, drafting: tuple, steps: int, window: int, data: int,
-            rows_impl: str):
+            rows_impl: str, every: int):
     """Up to `steps` speculative verify steps of every row -> (cache, dcache, state, tokens
     [C, steps, K+1], accepted [C, steps]; -1 where a row emitted nothing, steps run).
 
@@ -279,25 +298,27 @@ def _verify(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
     tokens = jnp.full((c, steps, k1), -1, jnp.int32)
     accepted = jnp.full((c, steps), -1, jnp.int32)
     ran, cache, small, state, tokens, accepted = run_steps(
-        body, (cache, small, state, tokens, accepted), steps, waiting, state_at=2)
+        body, (cache, small, state, tokens, accepted), steps, waiting, state_at=2, every=every)
     dcache = draft_cache.DraftKV(dk.at[:, :window].set(small.k), dv.at[:, :window].set(small.v))
     return cache, dcache, state, tokens, accepted, ran
 
 
 @functools.cache
 def _programs(tcfg: TargetConfig, sampling: Sampling, drafting: tuple | None, data: int,
-              rows_impl: str):
+              rows_impl: str, every: int = 1):
     """The jitted prefill and step of one target, sampling rule, drafting shape ((draft
-    config, DecodeConfig) or None: plain) and cache attention, shared by every engine of the
-    process (an eval's batch sizes, tests) so each shape compiles once."""
+    config, DecodeConfig) or None: plain), cache attention and steps between the step
+    program's checks (`run_steps`), shared by every engine of the process (an eval's batch
+    sizes, tests) so each shape compiles once."""
     prefill = jax.jit(functools.partial(_prefill, cfg=tcfg, sampling=sampling,
                                         drafting=drafting, data=data, rows_impl=rows_impl),
                       static_argnames=("first", "window"), donate_argnums=(3, 4, 5))
     if drafting is None:
-        step = functools.partial(_decode, cfg=tcfg, sampling=sampling, rows_impl=rows_impl)
+        step = functools.partial(_decode, cfg=tcfg, sampling=sampling, rows_impl=rows_impl,
+                                 every=every)
     else:
         step = functools.partial(_verify, cfg=tcfg, drafting=drafting, data=data,
-                                 rows_impl=rows_impl)
+                                 rows_impl=rows_impl, every=every)
     return prefill, jax.jit(step, static_argnames=("steps", "window"), donate_argnums=(3, 4, 5))
 
 
@@ -327,6 +348,9 @@ class Engine:
         if cfg.rows % data:
             raise ResourceError(f"{cfg.rows} rows cannot be split over data={data} devices; "
                                 "use a multiple of the data axis")
+        if cfg.check_every < 1 or cfg.sync_every % cfg.check_every:
+            raise ValueError(f"check_every {cfg.check_every}: a divisor of sync_every "
+                             f"({cfg.sync_every})")
         if cfg.prefill_chunk & (cfg.prefill_chunk - 1) or cfg.prefill_chunk < 16:
             raise ValueError(f"prefill_chunk {cfg.prefill_chunk}: a power of two >= 16")
         spec = speculation
@@ -378,7 +402,8 @@ class Engine:
             raise ValueError(f"the ragged kernel (attention 'pallas') runs on one device, not "
                              f"a mesh of {mesh.devices.size}: run one process per GPU")
         self._prefill, self._step = _programs(
-            tcfg, cfg.sampling, spec and (spec.dcfg, spec.dec), data, cfg.attention)
+            tcfg, cfg.sampling, spec and (spec.dcfg, spec.dec), data, cfg.attention,
+            cfg.check_every)
         self._repeats = cfg.repetition and Detector(cfg.repetition, cfg.rows)
 
     @property
