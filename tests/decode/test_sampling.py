@@ -38,6 +38,16 @@ def reference(x_V: np.ndarray, top_p: float) -> np.ndarray:
     return x >= x[order][before < top_p].min()
 
 
+@pytest.mark.parametrize("top_p,kept", [(0.25, 1), (0.5, 2), (0.75, 3)])
+def test_a_mass_equal_to_top_p_is_not_below_it(top_p, kept):
+    """Four distinct logits whose exp rounds to 1.0, so masses above them are 0, 1/4, 2/4 and
+    3/4 exactly, in fp32 as in float64: at top_p = 2/4 the third token's mass above (2/4) is
+    not below top_p, so two are kept, as a sort keeps them."""
+    x = np.asarray([[0.0, -1e-30, -2e-30, -3e-30]], np.float32)
+    assert reference(x[0], top_p).sum() == kept
+    assert np.asarray(nucleus_mask(jnp.asarray(x), top_p)).sum() == kept
+
+
 def rows(kind: str, b: int, v: int, rng: np.random.Generator) -> np.ndarray:
     """[b, v] fp32 logits over temperatures 0.3-2 and spreads 0.5-6: `normal`, `rounded` (to
     0.25: large tie groups), `bf16` (rounded to bfloat16), `topk` (-inf beyond a random k

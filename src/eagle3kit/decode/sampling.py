@@ -72,25 +72,25 @@ def truncate(x_BxV: jax.Array, top_k: int, top_p: float) -> jax.Array:
 
 
 def nucleus_mask(x_BxV: jax.Array, top_p: float) -> jax.Array:
-    """[B, V] bool: the top-p nucleus of each row of fp32 logits x (-inf: excluded), x >= t
-    for the lowest logit t with mass(x > t) < top_p under softmax(x), found without a sort.
+    """[B, V] bool: the top-p nucleus of each row of fp32 logits x (-inf: never kept), x >= t
+    for the lowest logit t with mass(x > t) < top_p under softmax(x), what a sort finds (ties
+    with t and the most probable token kept), found without one.
 
-    mass(x > v) is nonincreasing in v, so a bisection finds v*, the lowest float with
-    mass(x > v*) < top_p, and v* = t: t qualifies, and any v < t does not, for x > v holds
-    every x >= t, which is x > t' for the next logit t' below t, and t' does not qualify (t is
-    the lowest that does). Where t is the lowest finite logit the search starts at it. So
-    x >= v* is x >= t, the sort's kept set (ties with t and the top included). The search
-    runs over the int32 keys of fp32's order (`_key`): 32 halvings narrow any span of them
-    (under 2**32) to one key. A halving weighs mass(x > v) as one masked sum over the
-    vocabulary, in a fixed order and so monotone in the set it sums: rounding cannot mislead
-    the search, only decide, as the sort's cumulative sum did, a boundary whose mass lies
-    within rounding of top_p. On a GPU each halving is one fused pass over x."""
+    mass(x > v) is nonincreasing in v; a bisection finds v*, the lowest float with
+    mass(x > v*) < top_p, and v* = t: t qualifies; a float v < t does not, since {x > v} holds
+    {x >= t}, which is {x > t'} for the next logit t' below t, and t' does not qualify (t is
+    the lowest that does); without a t', {x > v} holds every token (mass 1). So x >= v* is
+    x >= t. The bisection runs over fp32's order as int32 keys (`_key`), from -inf's to the
+    top logit's, a span under 2**32: 32 halvings leave one key. Each weighs mass(x > v) as one
+    masked sum over the vocabulary, in a fixed order and so monotone in the set it sums:
+    rounding cannot mislead the search, only decide a boundary whose mass lies within
+    rounding of top_p, as the sort's cumulative sum did. On a GPU a halving is one fused pass
+    over x."""
     top = jnp.max(x_BxV, axis=-1, keepdims=True)
     budget = top_p * jnp.sum(jnp.exp(x_BxV - top), axis=-1)
-    # lo: a key whose mass is >= top_p (one below the lowest finite logit's, never weighed);
-    # hi: one whose mass is < top_p (the highest logit's: nothing lies above it)
-    lowest = jnp.min(jnp.where(x_BxV > -jnp.inf, x_BxV, jnp.inf), axis=-1)
-    bounds = _key(lowest) - 1, _key(top[:, 0])
+    # lo: -inf's key, whose mass (everything) is >= top_p, never weighed; hi: the top logit's,
+    # whose mass (nothing) is < top_p
+    bounds = jnp.full(top.shape[:1], _key(jnp.float32(-jnp.inf))), _key(top[:, 0])
 
     def halve(_, carry):
         # x rides in the carry through a barrier, so that XLA cannot hoist exp(x - top) out
