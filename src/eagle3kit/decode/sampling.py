@@ -93,8 +93,8 @@ def nucleus_mask(x_BxV: jax.Array, top_p: float) -> jax.Array:
     bounds = jnp.full(top.shape[:1], _key(jnp.float32(-jnp.inf))), _key(top[:, 0])
 
     def halve(_, carry):
-        # x rides in the carry through a barrier, so that XLA cannot hoist exp(x - top) out
-        # of the loop: each halving then reads x alone (one [B, V] fp32 pass), not x and a
+        # x rides in the carry through a barrier, so that XLA cannot compute exp(x - top) once
+        # for all halvings: each then reads x alone (one [B, V] fp32 pass), not x and a
         # stored exp (two)
         x, lo, hi = carry
         mid = (lo | hi) - ((lo ^ hi) >> 1)  # ceil((lo + hi) / 2) without int32 overflow
@@ -102,7 +102,8 @@ def nucleus_mask(x_BxV: jax.Array, top_p: float) -> jax.Array:
         light = above < budget
         return jax.lax.optimization_barrier(x), jnp.where(light, lo, mid), jnp.where(light, mid, hi)
 
-    _, _, hi = jax.lax.fori_loop(0, 32, halve, (x_BxV, *bounds))
+    # unrolled: a GPU runs a while loop from the host, reading its condition back each time
+    _, _, hi = jax.lax.fori_loop(0, 32, halve, (x_BxV, *bounds), unroll=True)
     return x_BxV >= _float(hi)[:, None]
 
 
