@@ -40,25 +40,83 @@ def sampling_problem(temperature: float, top_p: float, top_k: int) -> str | None
 
 
 def sample(logits_BxV: jax.Array, keys_B: jax.Array, sampling: Sampling) -> jax.Array:
-    """[B] tokens: argmax at temperature 0, else a draw from softmax(logits / T), restricted
-    to the top_k most probable tokens when top_k > 0 (ties with the k-th kept), then to the
-    top-p nucleus of what is left when top_p < 1 (the most probable token is always kept).
-    vLLM's and transformers' order; top-k alone costs no sort of the vocabulary."""
+    """[B] tokens: argmax at temperature 0, else a draw from softmax(logits / T) over the
+    tokens `truncate` keeps."""
     if sampling.temperature == 0:
         return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
-    x = logits_BxV.astype(jnp.float32) / sampling.temperature
-    k = min(sampling.top_k, x.shape[-1])
-    if k:
-        top = jax.lax.top_k(x, k)[0]  # descending
-        x = jnp.where(x >= top[:, -1:], x, -jnp.inf)
-    if sampling.top_p < 1:
-        desc = top if k else -jnp.sort(-x, axis=-1)
-        p = jax.nn.softmax(desc, axis=-1)
-        before = jnp.cumsum(p, axis=-1) - p  # probability of the tokens ranked above
-        keep = before < sampling.top_p
-        threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
-        x = jnp.where(x >= threshold, x, -jnp.inf)
+    x = truncate(logits_BxV.astype(jnp.float32) / sampling.temperature, sampling.top_k,
+                 sampling.top_p)
     return jax.vmap(jax.random.categorical)(keys_B, x).astype(jnp.int32)
+
+
+def truncate(x_BxV: jax.Array, top_k: int, top_p: float) -> jax.Array:
+    """[B, V] fp32 logits x, -inf outside the top_k most probable tokens when top_k > 0 (ties
+    with the k-th kept), then outside the top-p nucleus of what is left when top_p < 1: the
+    tokens at or above the lowest logit t with mass(x > t) < top_p under softmax(x) (ties
+    with t kept; the most probable token always). vLLM's and transformers' order; neither
+    sorts the vocabulary."""
+    k = min(top_k, x_BxV.shape[-1])
+    if k:
+        top = jax.lax.top_k(x_BxV, k)[0]  # descending
+        x_BxV = jnp.where(x_BxV >= top[:, -1:], x_BxV, -jnp.inf)
+    if top_p < 1 and k:
+        # The k values are the head of x's descending order (ties with the k-th beyond them
+        # lie at its end): their cumulative mass finds t, normalised over all that x keeps.
+        p = jnp.exp(top - jax.nn.logsumexp(x_BxV, axis=-1, keepdims=True))
+        before = jnp.cumsum(p, axis=-1) - p  # probability of the tokens ranked above
+        t = jnp.min(jnp.where(before < top_p, top, jnp.inf), axis=-1, keepdims=True)
+        x_BxV = jnp.where(x_BxV >= t, x_BxV, -jnp.inf)
+    elif top_p < 1:
+        x_BxV = jnp.where(nucleus_mask(x_BxV, top_p), x_BxV, -jnp.inf)
+    return x_BxV
+
+
+def nucleus_mask(x_BxV: jax.Array, top_p: float) -> jax.Array:
+    """[B, V] bool: the top-p nucleus of each row of fp32 logits x (-inf: never kept), x >= t
+    for the lowest logit t with mass(x > t) < top_p under softmax(x), what a sort finds (ties
+    with t and the most probable token kept), found without one.
+
+    mass(x > v) is nonincreasing in v; a bisection finds v*, the lowest float with
+    mass(x > v*) < top_p, and v* = t: t qualifies; a float v < t does not, since {x > v} holds
+    {x >= t}, which is {x > t'} for the next logit t' below t, and t' does not qualify (t is
+    the lowest that does); without a t', {x > v} holds every token (mass 1). So x >= v* is
+    x >= t. The bisection runs over fp32's order as int32 keys (`_key`), from -inf's to the
+    top logit's, a span under 2**32: 32 halvings leave one key. Each weighs mass(x > v) as one
+    masked sum over the vocabulary, in a fixed order and so monotone in the set it sums:
+    rounding cannot mislead the search, only decide a boundary whose mass lies within
+    rounding of top_p, as the sort's cumulative sum did. On a GPU a halving is one fused pass
+    over x."""
+    top = jnp.max(x_BxV, axis=-1, keepdims=True)
+    budget = top_p * jnp.sum(jnp.exp(x_BxV - top), axis=-1)
+    # lo: -inf's key, whose mass (everything) is >= top_p, never weighed; hi: the top logit's,
+    # whose mass (nothing) is < top_p
+    bounds = jnp.full(top.shape[:1], _key(jnp.float32(-jnp.inf))), _key(top[:, 0])
+
+    def halve(_, carry):
+        # x rides in the carry through a barrier, so that XLA cannot compute exp(x - top) once
+        # for all halvings: each then reads x alone (one [B, V] fp32 pass), not x and a
+        # stored exp (two)
+        x, lo, hi = carry
+        mid = (lo | hi) - ((lo ^ hi) >> 1)  # ceil((lo + hi) / 2) without int32 overflow
+        above = jnp.sum(jnp.where(x > _float(mid)[:, None], jnp.exp(x - top), 0), axis=-1)
+        light = above < budget
+        return jax.lax.optimization_barrier(x), jnp.where(light, lo, mid), jnp.where(light, mid, hi)
+
+    # unrolled: a GPU runs a while loop from the host, reading its condition back each time
+    _, _, hi = jax.lax.fori_loop(0, 32, halve, (x_BxV, *bounds), unroll=True)
+    return x_BxV >= _float(hi)[:, None]
+
+
+def _key(f: jax.Array) -> jax.Array:
+    """int32 keys in fp32's order: a float's bits, the 31 below the sign flipped when it is
+    set, so that more negative floats count lower (-0.0 just below +0.0)."""
+    bits = jax.lax.bitcast_convert_type(f, jnp.int32)
+    return jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+def _float(key: jax.Array) -> jax.Array:
+    """The float whose `_key` is key (the map is its own inverse on the bits)."""
+    return jax.lax.bitcast_convert_type(jnp.where(key < 0, key ^ 0x7FFFFFFF, key), jnp.float32)
 
 
 def pick(logits_V: jax.Array, key: jax.Array, temperature: float
