@@ -589,7 +589,8 @@ def memory_estimate(tcfg: TargetConfig, cfg: EngineConfig, dtype: Any,
     """Bytes over all devices: the target and draft caches, and the largest temporaries of a
     device step at the full window (measured on XLA's programs: every layer's window of keys
     and values copied out of the cache is live at once, plus one layer's scores and the fp32
-    logits with their softmax and sort) and of a prefill piece (its scores and activations).
+    logits with their softmax and top-p's copies, measured when top-p sorted them: an upper
+    bound since) and of a prefill piece (its scores and activations).
     Cheap: arithmetic only, no compilation."""
     c, s, item = cfg.rows, cfg.max_context, jnp.dtype(dtype).itemsize
     t = spec.dec.verified if spec else 1
