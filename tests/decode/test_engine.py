@@ -10,6 +10,8 @@ within a few tokens.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -121,6 +123,12 @@ def test_programs_that_check_every_four_steps_give_the_same_tokens(llama):
     assert [c.tokens for c in got[4]] == [c.tokens for c in got[1]]
     assert [len(c.tokens) for c in got[4]] == limits
     assert ran[4] % 4 == 0 and ran[1] % 4  # (checking every step ended some programs early)
+    # the 4 steps between checks are a loop XLA knows the count of (a GPU runs such a loop
+    # without reading its condition back; the sampler's own loops have 5)
+    text = engine._step.lower(
+        engine.w, None, None, engine.cache, engine.dcache, engine.state, engine.base_key,
+        engine.stop_ids, jnp.asarray(False), steps=8, window=128).compile().as_text()
+    assert "4" in re.findall(r'"known_trip_count":\{"n":"(\d+)"\}', text)
     with pytest.raises(ValueError, match="check_every 3: a divisor of sync_every"):
         Engine(ckpt.config, w, mesh, [], EngineConfig(rows=6, max_context=256, sync_every=8,
                                                       check_every=3))
@@ -311,7 +319,6 @@ def test_a_decode_program_updates_the_cache_in_place(llama):
     (a scatter of each row's new keys) and the loop's own plumbing makes an array of a
     layer's cache shape: no copy of the cache (its bytes bound the step on a GPU), whether
     per step or to keep the caller's, which the program is given to update (donated)."""
-    import re
 
     _, _, ckpt, w, mesh, _ = llama
     cfg = ckpt.config
