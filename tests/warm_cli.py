@@ -1,0 +1,166 @@
+"""`eagle3kit` as a fork server for tests that run many commands as processes: each command is
+a process of its own, with its own arguments, working directory, environment, standard
+streams and exit status, forked from a server that has imported eagle3kit, JAX and
+transformers once. A fresh `python -m eagle3kit` spends 2-3 s of CPU on those imports before
+doing anything, and a toy recipe run is a dozen short commands.
+
+    python warm_cli.py serve SOCKET      the server (prints "ready" once it listens)
+    python -I warm_cli.py SOCKET ARGS    one command: what E3K is in the recipe tests
+
+From Python: `serving(env)` starts a server, `Command(socket, args)` runs one command and
+gives its pid (to signal the command itself) and `wait()` its exit status as subprocess
+gives it (-N: killed by signal N). A command may run a module instead of eagle3kit's main
+(`module=`, as `python -m MODULE ARGS`).
+
+The server forks before JAX initializes a backend (it only imports), so each command
+initializes its own, as a fresh process does. JAX reads its JAX_* settings when imported:
+the server's environment gives them, a command's own environment gives everything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_FDS = 3  # the client's stdin, stdout and stderr
+
+
+class Command:
+    """One command run by the server at `path`: ARGS to eagle3kit (or to `module`), with
+    stdin/stdout/stderr the given file descriptors (default: this process's own)."""
+
+    def __init__(self, path: str | Path, args: list[str], *, module: str | None = None,
+                 env: dict[str, str] | None = None, cwd: str | Path | None = None,
+                 fds: tuple[int, int, int] = (0, 1, 2)):
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.connect(str(path))
+        request = json.dumps({"args": [str(a) for a in args], "module": module,
+                              "cwd": str(cwd or os.getcwd()),
+                              "env": dict(os.environ if env is None else env)})
+        socket.send_fds(self._sock, [request.encode() + b"\n"], list(fds))
+        self.pid = int(self._line() or 0)  # the command's own process
+        self.returncode: int | None = None
+
+    def _line(self) -> str:
+        out = b""
+        while not out.endswith(b"\n") and (byte := self._sock.recv(1)):
+            out += byte
+        return out.decode()
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._sock], [], [], 0)[0]:
+            return self.wait()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._sock.settimeout(timeout)
+            status = self._line()
+            self._sock.close()
+            self.returncode = int(status) if status else 1
+        return self.returncode
+
+
+def client(path: str, args: list[str]) -> int:
+    return Command(path, args).wait()
+
+
+@contextlib.contextmanager
+def serving(env: dict[str, str]):
+    """A server in the environment `env` for the duration: yields its socket's path."""
+    sock = Path(tempfile.mkdtemp(prefix="e3k-")) / "s"  # a short path: sockets take 107 bytes
+    server = subprocess.Popen([sys.executable, __file__, "serve", str(sock)], env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline() == "ready\n", "the eagle3kit fork server did not start"
+        yield sock
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(sock.parent, ignore_errors=True)
+
+
+def _command(conn: socket.socket) -> None:
+    """In a forked child: become the client's command, run it, exit with its status."""
+    msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, _FDS)
+    with conn.makefile("rb") as rest:
+        request = json.loads(msg + (b"" if msg.endswith(b"\n") else rest.readline()))
+    command = os.fork()
+    if command:  # this process reports the command's pid, then its exit status however it ended
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(f"{command}\n".encode())
+        _, status = os.waitpid(command, 0)
+        conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+        os._exit(0)
+    conn.close()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    code = 0
+    try:
+        if request.get("module"):
+            import runpy
+            sys.argv = [request["module"], *request["args"]]
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["eagle3kit", *request["args"]]
+            from eagle3kit.cli.app import main
+            main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        code = 1
+    import atexit
+    atexit._run_exitfuncs()  # what a process does on its way out (XLA, logging, files)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def serve(path: str) -> None:
+    import signal
+
+    import jax  # noqa: F401
+    import jax.numpy  # noqa: F401
+    import transformers  # noqa: F401
+    from jax._src import xla_bridge
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
+
+    import eagle3kit.cli.app  # noqa: F401
+    from eagle3kit.jobs import evaluate, regenerate, train  # noqa: F401
+    assert not xla_bridge._backends, "a backend before fork: every command would share it"
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters reap themselves
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(path)
+        s.listen(16)
+        print("ready", flush=True)
+        while True:
+            conn, _ = s.accept()
+            if os.fork() == 0:
+                s.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _command(conn)
+            conn.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(sys.argv[2])
+    else:
+        sys.exit(client(sys.argv[1], sys.argv[2:]))
