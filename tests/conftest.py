@@ -6,6 +6,8 @@ import atexit
 import os
 import shutil
 import tempfile
+import types
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -29,7 +31,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 import pytest  # noqa: E402
 
-from tests import assets  # noqa: E402
+from tests import assets, warm_cli  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +44,12 @@ def sharegpt_path():
     return assets.sharegpt_path()
 
 
+def _session_dir(tmp_path_factory) -> Path:
+    """A directory every process of the session sees (xdist: the workers' common parent)."""
+    shared = tmp_path_factory.getbasetemp()
+    return shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+
+
 @pytest.fixture(scope="session")
 def smollm2_trained_draft(tmp_path_factory):
     """A small EAGLE3 draft trained for the real SmolLM2 on its own greedy answers to
@@ -52,11 +60,33 @@ def smollm2_trained_draft(tmp_path_factory):
 
     from tests import smollm2_draft
 
-    shared = tmp_path_factory.getbasetemp()  # xdist: the worker's, below the session's
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent
+    shared = _session_dir(tmp_path_factory)
     with FileLock(shared / "smollm2-draft.lock"):
         return smollm2_draft.trained_draft(shared / "smollm2-draft")
+
+
+@pytest.fixture(scope="session")
+def smollm2_torch(tmp_path_factory):
+    """SmolLM2-135M-Instruct as transformers loads its GGUF (assets.smollm2_torch), converted
+    once per test session: the first process of `pytest -n` that needs it saves the weights
+    it converted (10-15 s), the others load them (a second)."""
+    from filelock import FileLock
+
+    shared = _session_dir(tmp_path_factory)
+    with FileLock(shared / "smollm2-torch.lock"):
+        return assets.smollm2_torch(shared / "smollm2-torch")
+
+
+@pytest.fixture(scope="session")
+def eagle3kit_server():
+    """`eagle3kit` as a fork server for this test process (tests/warm_cli.py): `.sock`, and
+    `.env`, the commands' environment (this process's, the tree's src and tests importable).
+    Each command is a process of its own without a fresh interpreter's seconds of imports."""
+    root = Path(__file__).resolve().parents[1]
+    paths = [str(root / "src"), str(root), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    with warm_cli.serving(env) as sock:
+        yield types.SimpleNamespace(sock=sock, env=env)
 
 
 # The longest modules first. `make test` runs `pytest -n 2 --dist loadfile`, which hands whole

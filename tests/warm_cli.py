@@ -24,6 +24,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -31,22 +32,42 @@ import tempfile
 from pathlib import Path
 
 _FDS = 3  # the client's stdin, stdout and stderr
+PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL
 
 
 class Command:
-    """One command run by the server at `path`: ARGS to eagle3kit (or to `module`), with
-    stdin/stdout/stderr the given file descriptors (default: this process's own)."""
+    """One command run by the server at `path`: ARGS to eagle3kit (or to `module`), its
+    stdin, stdout and stderr each this process's own (None), a file descriptor, DEVNULL or
+    PIPE (then `.stdout`/`.stderr` read it, as subprocess.Popen's do). `pid` is the command's
+    own process: signal it as a Popen."""
 
     def __init__(self, path: str | Path, args: list[str], *, module: str | None = None,
                  env: dict[str, str] | None = None, cwd: str | Path | None = None,
-                 fds: tuple[int, int, int] = (0, 1, 2)):
+                 stdin: int | None = None, stdout: int | None = None,
+                 stderr: int | None = None):
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(str(path))
         request = json.dumps({"args": [str(a) for a in args], "module": module,
                               "cwd": str(cwd or os.getcwd()),
                               "env": dict(os.environ if env is None else env)})
-        socket.send_fds(self._sock, [request.encode() + b"\n"], list(fds))
-        self.pid = int(self._line() or 0)  # the command's own process
+        fds, sent, pipes = [], [], []  # what the command gets, what to close, what we read
+        for own, spec in enumerate((stdin, stdout, stderr)):
+            read = None
+            if spec == DEVNULL:
+                spec = os.open(os.devnull, os.O_RDWR)
+                sent.append(spec)
+            elif spec == PIPE and own > 0:
+                read, spec = os.pipe()
+                sent.append(spec)
+            fds.append(own if spec is None else spec)
+            pipes.append(None if read is None else open(read, "rb"))
+        try:
+            socket.send_fds(self._sock, [request.encode() + b"\n"], fds)
+        finally:
+            for fd in sent:  # the command holds its own copies
+                os.close(fd)
+        self.stdin, self.stdout, self.stderr = pipes
+        self.pid = int(self._line() or 0)
         self.returncode: int | None = None
 
     def _line(self) -> str:
@@ -67,6 +88,20 @@ class Command:
             self._sock.close()
             self.returncode = int(status) if status else 1
         return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[bytes | None, bytes | None]:
+        """What is left in the stdout and stderr pipes (read one after the other: for
+        commands that write little), once the command has ended."""
+        out = [p.read() if p else None for p in (self.stdout, self.stderr)]
+        self.wait(timeout)
+        return out[0], out[1]
 
 
 def client(path: str, args: list[str]) -> int:
@@ -134,8 +169,6 @@ def _command(conn: socket.socket) -> None:
 
 
 def serve(path: str) -> None:
-    import signal
-
     import jax  # noqa: F401
     import jax.numpy  # noqa: F401
     import transformers  # noqa: F401

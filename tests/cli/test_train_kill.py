@@ -2,10 +2,10 @@
 draft is byte for byte the one an uninterrupted run writes, and metrics.jsonl holds every step
 once.
 
-The runs are real processes on one CPU device (the tiny target of tests/assets), sharing a
-persistent compilation cache so only the first one compiles, each forked from a server that
-imported eagle3kit once (tests/warm_cli.py: a fresh `python -m eagle3kit` spends seconds on
-imports). One run is interrupted three times and resumed after each (one chain keeps the
+The runs are real processes on one CPU device (the tiny target of tests/assets), sharing the
+session's persistent compilation cache so only the first one compiles, each forked from a
+server that imported eagle3kit once (conftest's eagle3kit_server: a fresh
+`python -m eagle3kit` spends seconds on imports). One run is interrupted three times and resumed after each (one chain keeps the
 process count, and CI time, down):
 - SIGKILL from outside, between checkpoints (steps logged past the last checkpoint are redone);
 - SIGKILL from inside, in the middle of a checkpoint write (tests/cli/kill_in_checkpoint.py);
@@ -16,13 +16,10 @@ process count, and CI time, down):
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
-import tempfile
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +28,7 @@ import pytest
 from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.io.draft_io import load_draft
 from tests import assets, warm_cli
+from tests.warm_cli import DEVNULL, PIPE
 
 ROOT = Path(__file__).resolve().parents[2]
 SAVE_EVERY, STEPS = 5, 12
@@ -44,27 +42,18 @@ def command(a: Path, out: Path, *extra: str) -> list[str]:
             "float32", "--save-every", str(SAVE_EVERY), "--lr", "1e-3", "--log-every", "1", *extra]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The fork server (`.sock`) and the commands' environment (`.env`)."""
-    paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
-           "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(
-               tmp_path_factory.mktemp("jax-cache")),
-           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    with warm_cli.serving(env) as sock:
-        yield types.SimpleNamespace(sock=sock, env=env)
+def start(server, args: list[str], module: str | None = None, **streams) -> warm_cli.Command:
+    """`eagle3kit ARGS` (or `python -m MODULE ARGS`) as a process of its own."""
+    return warm_cli.Command(server.sock, args, module=module, env=server.env, cwd=ROOT,
+                            **{"stdin": DEVNULL, "stdout": DEVNULL, "stderr": DEVNULL,
+                               **streams})
 
 
 def run(server, args: list[str], module: str | None = None) -> subprocess.CompletedProcess:
-    """`eagle3kit ARGS` (or `python -m MODULE ARGS`) as a process of its own: its exit status
-    (-N: killed by signal N) and standard error."""
-    with tempfile.TemporaryFile("w+") as err, open(os.devnull, "r+") as null:
-        p = warm_cli.Command(server.sock, args, module=module, env=server.env, cwd=ROOT,
-                             fds=(null.fileno(), null.fileno(), err.fileno()))
-        code = p.wait(timeout=300)
-        err.seek(0)
-        return subprocess.CompletedProcess(args, code, "", err.read())
+    """Its exit status (-N: killed by signal N) and standard error, once it ended."""
+    p = start(server, args, module, stderr=PIPE)
+    _, err = p.communicate(timeout=300)
+    return subprocess.CompletedProcess(args, p.returncode, "", err.decode())
 
 
 def train_rows(out: Path) -> list[dict]:
@@ -85,9 +74,9 @@ def a():
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(a, server, tmp_path_factory):
+def uninterrupted(a, eagle3kit_server, tmp_path_factory):
     out = tmp_path_factory.mktemp("whole") / "run"
-    r = run(server, command(a, out))
+    r = run(eagle3kit_server, command(a, out))
     assert r.returncode == 0, r.stderr
     # stderr is a file, not a terminal: plain progress lines, one per --log-every, no terminal codes
     assert "step 7/12  epoch 0  loss" in r.stderr and "\x1b[" not in r.stderr, r.stderr
@@ -96,38 +85,31 @@ def uninterrupted(a, server, tmp_path_factory):
 
 def _sigterm_at(step: int, args: list[str], server) -> subprocess.CompletedProcess:
     """Runs `eagle3kit ARGS` and sends it SIGTERM once it has logged `step`."""
-    read, write = os.pipe()
-    with open(os.devnull, "r+") as null:
-        p = warm_cli.Command(server.sock, args, env=server.env, cwd=ROOT,
-                             fds=(null.fileno(), null.fileno(), write))
-    os.close(write)
+    p = start(server, args, stderr=PIPE)
     seen = []
-    with open(read) as err:
-        for line in err:  # ends when the process does
-            seen.append(line)
-            if line.startswith(f"step {step}/"):
-                os.kill(p.pid, signal.SIGTERM)
-                break
-        rest = err.read()
-    return subprocess.CompletedProcess(args, p.wait(timeout=300), "", "".join(seen) + rest)
+    for line in map(bytes.decode, p.stderr):  # ends when the process does
+        seen.append(line)
+        if line.startswith(f"step {step}/"):
+            p.send_signal(signal.SIGTERM)
+            break
+    rest = p.communicate(timeout=300)[1].decode()
+    return subprocess.CompletedProcess(args, p.returncode, "", "".join(seen) + rest)
 
 
 @pytest.fixture(scope="module")
-def killed(a, server, uninterrupted, tmp_path_factory):
+def killed(a, eagle3kit_server, uninterrupted, tmp_path_factory):
     """One run interrupted three times, resumed after each: SIGKILL from outside once steps
     past the first checkpoint are logged, SIGKILL from inside while writing the second
     checkpoint, SIGTERM at a random step after the first checkpoint."""
+    server = eagle3kit_server
     out = tmp_path_factory.mktemp("killed") / "run"
-    with open(os.devnull, "r+") as null:
-        p = warm_cli.Command(server.sock, command(a, out), env=server.env, cwd=ROOT,
-                             fds=(null.fileno(),) * 3)
+    p = start(server, command(a, out))
     try:
         deadline = time.time() + 300
         while len(train_rows(out)) < SAVE_EVERY + 2 and p.poll() is None:
             assert time.time() < deadline, "no progress"
             time.sleep(0.005)
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGKILL)
+        p.send_signal(signal.SIGKILL)
     finally:
         assert p.wait() == -signal.SIGKILL, "the run ended before the kill"
     logged = max(r["step"] for r in train_rows(out))

@@ -82,12 +82,11 @@ def tiny_target(family: str, directory: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def e3k():
+def e3k(eagle3kit_server):
     """E3K for the toy runs: each command forked from a server that imported eagle3kit once
-    (tests/warm_cli.py), instead of a fresh `python -m eagle3kit` each."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
-    with warm_cli.serving(env) as sock:
-        yield f"{shlex.quote(sys.executable)} -I {shlex.quote(warm_cli.__file__)} {sock}"
+    (conftest's eagle3kit_server), instead of a fresh `python -m eagle3kit` each."""
+    return f"{shlex.quote(sys.executable)} -I {shlex.quote(warm_cli.__file__)} " \
+           f"{eagle3kit_server.sock}"
 
 
 def make(family: str, *args: str, **variables) -> subprocess.CompletedProcess:
