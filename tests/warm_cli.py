@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 _FDS = 3  # the client's stdin, stdout and stderr
 PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL
@@ -38,13 +39,13 @@ PIPE, DEVNULL = subprocess.PIPE, subprocess.DEVNULL
 class Command:
     """One command run by the server at `path`: ARGS to eagle3kit (or to `module`), its
     stdin, stdout and stderr each this process's own (None), a file descriptor, DEVNULL or
-    PIPE (then `.stdout`/`.stderr` read it, as subprocess.Popen's do). `pid` is the command's
-    own process: signal it as a Popen."""
+    PIPE (then `.stdout`/`.stderr` read it, as subprocess.Popen's do; bytes, or str with
+    `text`). `pid` is the command's own process: signal it as a Popen."""
 
     def __init__(self, path: str | Path, args: list[str], *, module: str | None = None,
                  env: dict[str, str] | None = None, cwd: str | Path | None = None,
                  stdin: int | None = None, stdout: int | None = None,
-                 stderr: int | None = None):
+                 stderr: int | None = None, text: bool = False):
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(str(path))
         request = json.dumps({"args": [str(a) for a in args], "module": module,
@@ -60,7 +61,7 @@ class Command:
                 read, spec = os.pipe()
                 sent.append(spec)
             fds.append(own if spec is None else spec)
-            pipes.append(None if read is None else open(read, "rb"))
+            pipes.append(None if read is None else open(read, "r" if text else "rb"))
         try:
             socket.send_fds(self._sock, [request.encode() + b"\n"], fds)
         finally:
@@ -96,7 +97,7 @@ class Command:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def communicate(self, timeout: float | None = None) -> tuple[bytes | None, bytes | None]:
+    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
         """What is left in the stdout and stderr pipes (read one after the other: for
         commands that write little), once the command has ended."""
         out = [p.read() if p else None for p in (self.stdout, self.stderr)]

@@ -5,8 +5,8 @@ once.
 The runs are real processes on one CPU device (the tiny target of tests/assets), sharing the
 session's persistent compilation cache so only the first one compiles, each forked from a
 server that imported eagle3kit once (conftest's eagle3kit_server: a fresh
-`python -m eagle3kit` spends seconds on imports). One run is interrupted three times and resumed after each (one chain keeps the
-process count, and CI time, down):
+`python -m eagle3kit` spends seconds on imports). One run is interrupted three times and
+resumed after each (one chain keeps the process count, and CI time, down):
 - SIGKILL from outside, between checkpoints (steps logged past the last checkpoint are redone);
 - SIGKILL from inside, in the middle of a checkpoint write (tests/cli/kill_in_checkpoint.py);
 - SIGTERM (a preemption, a batch scheduler) at a random step: checkpoint at the next step
@@ -51,9 +51,9 @@ def start(server, args: list[str], module: str | None = None, **streams) -> warm
 
 def run(server, args: list[str], module: str | None = None) -> subprocess.CompletedProcess:
     """Its exit status (-N: killed by signal N) and standard error, once it ended."""
-    p = start(server, args, module, stderr=PIPE)
+    p = start(server, args, module, stderr=PIPE, text=True)
     _, err = p.communicate(timeout=300)
-    return subprocess.CompletedProcess(args, p.returncode, "", err.decode())
+    return subprocess.CompletedProcess(args, p.returncode, "", err)
 
 
 def train_rows(out: Path) -> list[dict]:
@@ -85,14 +85,14 @@ def uninterrupted(a, eagle3kit_server, tmp_path_factory):
 
 def _sigterm_at(step: int, args: list[str], server) -> subprocess.CompletedProcess:
     """Runs `eagle3kit ARGS` and sends it SIGTERM once it has logged `step`."""
-    p = start(server, args, stderr=PIPE)
+    p = start(server, args, stderr=PIPE, text=True)
     seen = []
-    for line in map(bytes.decode, p.stderr):  # ends when the process does
+    for line in p.stderr:  # ends when the process does
         seen.append(line)
         if line.startswith(f"step {step}/"):
             p.send_signal(signal.SIGTERM)
             break
-    rest = p.communicate(timeout=300)[1].decode()
+    rest = p.communicate(timeout=300)[1]
     return subprocess.CompletedProcess(args, p.returncode, "", "".join(seen) + rest)
 
 
