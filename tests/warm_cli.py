@@ -180,12 +180,19 @@ def serve(path: str) -> None:
     from eagle3kit.jobs import evaluate, regenerate, train  # noqa: F401
     assert not xla_bridge._backends, "a backend before fork: every command would share it"
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the waiters reap themselves
+    parent = os.getppid()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.bind(path)
         s.listen(16)
+        s.settimeout(1)
         print("ready", flush=True)
         while True:
-            conn, _ = s.accept()
+            try:
+                conn, _ = s.accept()  # a blocking socket (no default timeout)
+            except TimeoutError:
+                if os.getppid() != parent:  # the test process is gone, however it ended
+                    return
+                continue
             if os.fork() == 0:
                 s.close()
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
