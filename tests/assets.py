@@ -164,9 +164,21 @@ def torch_from_gguf(path: Path):
 
 
 @functools.lru_cache(maxsize=1)
-def smollm2_torch():
-    """SmolLM2-135M-Instruct as transformers loads the GGUF (dequantised, fp32)."""
-    return torch_from_gguf(smollm2_gguf())
+def smollm2_torch(saved: Path):
+    """SmolLM2-135M-Instruct as transformers loads the GGUF (dequantised, fp32), through its
+    safetensors copy in `saved`: made there from the GGUF unless an earlier process made it
+    (conftest's smollm2_torch fixture shares one among the session's processes)."""
+    import torch
+    import transformers
+
+    if not (saved / "config.json").exists():
+        model = torch_from_gguf(smollm2_gguf())
+        del model.config.quantization_config  # a dequantised copy: nothing to quantise
+        model.hf_quantizer = None
+        model.save_pretrained(saved, safe_serialization=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32)
+    model.eval()
+    return model
 
 
 @functools.lru_cache(maxsize=1)

@@ -6,6 +6,8 @@ import atexit
 import os
 import shutil
 import tempfile
+import types
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -29,7 +31,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 import pytest  # noqa: E402
 
-from tests import assets  # noqa: E402
+from tests import assets, warm_cli  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +44,12 @@ def sharegpt_path():
     return assets.sharegpt_path()
 
 
+def _session_dir(tmp_path_factory) -> Path:
+    """A directory every process of the session sees (xdist: the workers' common parent)."""
+    shared = tmp_path_factory.getbasetemp()
+    return shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+
+
 @pytest.fixture(scope="session")
 def smollm2_trained_draft(tmp_path_factory):
     """A small EAGLE3 draft trained for the real SmolLM2 on its own greedy answers to
@@ -52,11 +60,33 @@ def smollm2_trained_draft(tmp_path_factory):
 
     from tests import smollm2_draft
 
-    shared = tmp_path_factory.getbasetemp()  # xdist: the worker's, below the session's
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent
+    shared = _session_dir(tmp_path_factory)
     with FileLock(shared / "smollm2-draft.lock"):
         return smollm2_draft.trained_draft(shared / "smollm2-draft")
+
+
+@pytest.fixture(scope="session")
+def smollm2_torch(tmp_path_factory):
+    """SmolLM2-135M-Instruct as transformers loads its GGUF (assets.smollm2_torch), converted
+    once per test session: the first process of `pytest -n` that needs it saves the weights
+    it converted (10-15 s), the others load them (a second)."""
+    from filelock import FileLock
+
+    shared = _session_dir(tmp_path_factory)
+    with FileLock(shared / "smollm2-torch.lock"):
+        return assets.smollm2_torch(shared / "smollm2-torch")
+
+
+@pytest.fixture(scope="session")
+def eagle3kit_server():
+    """`eagle3kit` as a fork server for this test process (tests/warm_cli.py): `.sock`, and
+    `.env`, the commands' environment (this process's, the tree's src and tests importable).
+    Each command is a process of its own without a fresh interpreter's seconds of imports."""
+    root = Path(__file__).resolve().parents[1]
+    paths = [str(root / "src"), str(root), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    with warm_cli.serving(env) as sock:
+        yield types.SimpleNamespace(sock=sock, env=env)
 
 
 # The longest modules first. `make test` runs `pytest -n 2 --dist loadfile`, which hands whole
@@ -64,20 +94,23 @@ def smollm2_trained_draft(tmp_path_factory):
 # while the other worker idles. Longest first is the classic fix. xdist (3.x) reorders the
 # queue by the number of tests in each module unless told not to (`--loadscope-reorder` is on
 # by default), which put one-test modules such as the Gemma pipeline (minutes) last: it is
-# turned off below, so the queue is this order. The order is by measured module time
-# (`pytest --durations=0`, summed per file), the rest as collected.
-LONGEST_FIRST = ("decode/test_engine.py", "cli/test_regenerate.py", "examples/test_recipes.py",
-                 "cli/test_gemma3_pipeline.py", "core/test_target.py",
-                 "cli/test_eval_smollm2.py", "core/test_gemma3_real.py", "cli/test_train.py",
-                 "cli/test_eval.py", "cli/test_train_smollm2.py", "cli/test_errors.py",
-                 "cli/test_train_kill.py", "core/test_ttt.py",
-                 "decode/test_engine_speculative.py", "core/test_families.py",
-                 "cli/test_train_equivalences.py", "core/test_ragged_attention.py",
-                 "decode/test_speculative.py", "cli/test_train_signals.py",
-                 "decode/test_tree.py", "data/test_tokenizer.py", "decode/test_smollm2.py",
-                 "cli/test_eval_sweep.py", "cli/test_tokenize.py", "cli/test_eval_tracking.py",
-                 "cli/test_families_pipeline.py", "core/test_multihost.py",
-                 "core/test_draft.py", "formats/test_sglang.py")
+# turned off below, so the queue is this order. The order is by measured module time (each
+# test's time summed per file, from a whole `pytest -n 2 --dist loadfile` run), modules
+# under 10 s as collected, after these.
+LONGEST_FIRST = ("cli/test_regenerate.py", "cli/test_gemma3_pipeline.py", "cli/test_eval.py",
+                 "core/test_gemma3_real.py", "cli/test_train.py", "core/test_families.py",
+                 "cli/test_eval_smollm2.py", "decode/test_engine.py",
+                 "cli/test_families_pipeline.py", "decode/test_engine_speculative.py",
+                 "core/test_target.py", "cli/test_train_smollm2.py",
+                 "cli/test_train_equivalences.py", "examples/test_recipes.py",
+                 "cli/test_train_kill.py", "data/test_tokenizer.py", "core/test_multihost.py",
+                 "decode/test_speculative.py", "cli/test_errors.py", "core/test_ttt.py",
+                 "decode/test_tree.py", "decode/test_smollm2.py", "core/test_ragged_attention.py",
+                 "cli/test_eval_tracking.py", "decode/test_draft_cache.py",
+                 "cli/test_eval_sweep.py", "cli/test_tokenize.py", "cli/test_train_signals.py",
+                 "jobs/test_evaluate.py", "core/test_draft.py", "formats/test_real_smollm2.py",
+                 "decode/test_engine_profile.py", "core/test_flash.py", "formats/test_sglang.py",
+                 "core/test_losses.py", "data/test_tokenizing.py")
 
 
 def pytest_configure(config):

@@ -74,25 +74,34 @@ def smollm2() -> Smollm2:
                    tokenizer_fingerprint(tok, str(assets.smollm2_gguf())).key)
 
 
-def greedy_reference(t: Smollm2, prompt: list[int], max_new: int) -> list[int]:
-    """Plain greedy decoding, one host round trip per token (until <|im_end|> or max_new)."""
-    cache = target_model.RowCache.zeros(t.cfg, 1, 256, jnp.float32)
+def greedy_reference(t: Smollm2, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+    """Plain greedy decoding, every prompt in a cache row of its own at its own positions, one
+    host round trip per token (each answer until <|im_end|> or max_new)."""
+    cache = target_model.RowCache.zeros(t.cfg, len(prompts), 256, jnp.float32)
     step = _step_fn(t.cfg)
-    padded = np.zeros((1, 128), np.int32)
-    padded[0, : len(prompt)] = prompt
-    logits, cache = step(t.weights, jnp.asarray(padded), jnp.int32(0), cache, True)
-    out = [int(np.argmax(logits[0, len(prompt) - 1]))]
-    while len(out) < max_new and out[-1] != EOS:
-        logits, cache = step(t.weights, jnp.asarray([[out[-1]]], jnp.int32),
-                             jnp.int32(len(prompt) + len(out) - 1), cache, False)
-        out.append(int(np.argmax(logits[0, 0])))
-    return out
+    padded = np.zeros((len(prompts), 128), np.int32)
+    for row, prompt in zip(padded, prompts, strict=True):
+        row[: len(prompt)] = prompt
+    logits, cache = step(t.weights, jnp.asarray(padded), jnp.zeros((len(prompts), 1), jnp.int32),
+                         cache, True)
+    outs = [[int(np.argmax(logits[i, len(p) - 1]))] for i, p in enumerate(prompts)]
+    for n in range(1, max_new):
+        live = [len(o) == n and o[-1] != EOS for o in outs]
+        if not any(live):
+            break
+        logits, cache = step(t.weights, jnp.asarray([[o[-1]] for o in outs], jnp.int32),
+                             jnp.asarray([[len(p) + n - 1] for p in prompts], jnp.int32),
+                             cache, False)
+        for o, more, row in zip(outs, live, np.asarray(logits[:, 0]), strict=True):
+            if more:
+                o.append(int(np.argmax(row)))
+    return outs
 
 
 @functools.cache
 def _step_fn(cfg: TargetConfig):
-    def step(w, tokens, start, cache, prefill):
-        positions = start + jnp.arange(tokens.shape[1])[None]
+    def step(w, tokens, start_B, cache, prefill):  # row b's tokens from position start_B[b]
+        positions = start_B + jnp.arange(tokens.shape[1])[None]
         out, cache = target_model.forward_rows(w, cfg, tokens, positions, cache,
                                                prefill=prefill)
         return target_model.logits(w, out.hidden_BxTxD), cache
@@ -124,7 +133,7 @@ def _trained_draft(path: Path) -> TrainedDraft:
     conversations = load_prompts("mt-bench", QUESTIONS).conversations
     prompts = [prompt_ids(t.tokenizer, Dialogue.from_user_turns(c.turns, c.system).prompt())
                for c in conversations]
-    answers = [greedy_reference(t, p, ANSWER_TOKENS) for p in prompts]
+    answers = greedy_reference(t, prompts, ANSWER_TOKENS)
     records = [TokenRecord(f"mt-bench-{i}", p + a, [0] * len(p) + [1] * len(a), t.key)
                for i, (p, a) in enumerate(zip(prompts, answers, strict=True))]
     records.append(_sharegpt_snippet(t))

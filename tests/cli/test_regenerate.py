@@ -6,11 +6,8 @@ stdin and files; what the records say; resume after SIGKILL and SIGTERM; bad inp
 from __future__ import annotations
 
 import collections
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import jax
@@ -26,7 +23,7 @@ from eagle3kit.data.records import ChatRecord, Message, RegeneratedRecord, encod
 from eagle3kit.decode.conversations import plan
 from eagle3kit.decode.engine import Engine, EngineConfig, Request
 from eagle3kit.io.hf import load_target, resolve_target
-from tests import assets
+from tests import assets, warm_cli
 from tests.cli.chat_server import ChatServer
 
 runner = CliRunner()
@@ -244,11 +241,15 @@ def test_bad_input_gets_one_line(target, chats, tmp_path):
         assert r.exit_code == 2 and words in r.output, args
 
 
-def _start(target, chats, out, *extra):
-    cmd = [sys.executable, "-m", "eagle3kit", "regenerate", "--target", str(target), *COMMON,
-           "--slots", "1", "--sync-every", "1", "-i", str(chats), "-o", str(out), *extra]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    return subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env)
+def _start(server, args: list) -> warm_cli.Command:
+    """`eagle3kit ARGS` as a real process of its own (forked from the session's server: no
+    fresh interpreter's seconds of imports), its stderr a pipe."""
+    return warm_cli.Command(server.sock, args, env=server.env, stderr=warm_cli.PIPE)
+
+
+def _regenerate(server, target, chats, out, *extra) -> warm_cli.Command:
+    return _start(server, ["regenerate", "--target", target, *COMMON, "--slots", "1",
+                           "--sync-every", "1", "-i", chats, "-o", out, *extra])
 
 
 def _wait_for_lines(proc, out, n=1, timeout=240):
@@ -262,11 +263,12 @@ def _wait_for_lines(proc, out, n=1, timeout=240):
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_equals_an_uninterrupted_run(target, chats, reference, tmp_path):
+def test_sigkill_then_resume_equals_an_uninterrupted_run(target, chats, reference,
+                                                         eagle3kit_server, tmp_path):
     """A real process killed with SIGKILL after its first record (with a torn line added, as
     a kill inside a write leaves) resumes to the uninterrupted run's file, byte for byte."""
     out = tmp_path / "out.jsonl"
-    proc = _start(target, chats, out)
+    proc = _regenerate(eagle3kit_server, target, chats, out)
     _wait_for_lines(proc, out)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -281,9 +283,10 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(target, chats, referenc
 
 
 @pytest.mark.slow
-def test_sigterm_stops_with_exit_75_and_resumes(target, chats, reference, tmp_path):
+def test_sigterm_stops_with_exit_75_and_resumes(target, chats, reference, eagle3kit_server,
+                                                tmp_path):
     out = tmp_path / "out.jsonl"
-    proc = _start(target, chats, out)
+    proc = _regenerate(eagle3kit_server, target, chats, out)
     _wait_for_lines(proc, out)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -416,7 +419,8 @@ def test_endpoint_retries_n_means_n_plus_one_attempts(tmp_path):
     assert server.calls == 3
 
 
-def test_endpoint_records_reach_the_file_as_they_finish_and_survive_sigkill(tmp_path):
+def test_endpoint_records_reach_the_file_as_they_finish_and_survive_sigkill(eagle3kit_server,
+                                                                            tmp_path):
     """A real process, one conversation at a time: while the server holds the third
     conversation's request, the first two records are already in the file (written through
     at once, not at the next periodic fsync), a SIGKILL keeps them, and --resume completes
@@ -431,10 +435,9 @@ def test_endpoint_records_reach_the_file_as_they_finish_and_survive_sigkill(tmp_
     assert full.exit_code == 0, full.output
     out = tmp_path / "out.jsonl"
     with ChatServer(hold_after=2) as server:
-        cmd = [sys.executable, "-m", "eagle3kit", "regenerate", "--target", "tiny-chat",
-               "--endpoint", server.url, "--concurrency", "1", "-i", str(data), "-o",
-               str(out)]
-        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+        proc = _start(eagle3kit_server, ["regenerate", "--target", "tiny-chat", "--endpoint",
+                                         server.url, "--concurrency", "1", "-i", data, "-o",
+                                         out])
         try:
             assert server.held.wait(60), proc.stderr.read().decode()
             _wait_for_lines(proc, out, 2, timeout=10)

@@ -2,9 +2,11 @@
 draft is byte for byte the one an uninterrupted run writes, and metrics.jsonl holds every step
 once.
 
-The runs are real subprocesses on one CPU device (the tiny target of tests/assets), sharing
-a persistent compilation cache so only the first one compiles. One run is interrupted three
-times and resumed after each (one chain keeps the subprocess count, and CI time, down):
+The runs are real processes on one CPU device (the tiny target of tests/assets), sharing the
+session's persistent compilation cache so only the first one compiles, each forked from a
+server that imported eagle3kit once (conftest's eagle3kit_server: a fresh
+`python -m eagle3kit` spends seconds on imports). One run is interrupted three times and
+resumed after each (one chain keeps the process count, and CI time, down):
 - SIGKILL from outside, between checkpoints (steps logged past the last checkpoint are redone);
 - SIGKILL from inside, in the middle of a checkpoint write (tests/cli/kill_in_checkpoint.py);
 - SIGTERM (a preemption, a batch scheduler) at a random step: checkpoint at the next step
@@ -14,11 +16,9 @@ times and resumed after each (one chain keeps the subprocess count, and CI time,
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,7 +27,8 @@ import pytest
 
 from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.io.draft_io import load_draft
-from tests import assets
+from tests import assets, warm_cli
+from tests.warm_cli import DEVNULL, PIPE
 
 ROOT = Path(__file__).resolve().parents[2]
 SAVE_EVERY, STEPS = 5, 12
@@ -41,18 +42,18 @@ def command(a: Path, out: Path, *extra: str) -> list[str]:
             "float32", "--save-every", str(SAVE_EVERY), "--lr", "1e-3", "--log-every", "1", *extra]
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
-            "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(
-                tmp_path_factory.mktemp("jax-cache")),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+def start(server, args: list[str], module: str | None = None, **streams) -> warm_cli.Command:
+    """`eagle3kit ARGS` (or `python -m MODULE ARGS`) as a process of its own."""
+    return warm_cli.Command(server.sock, args, module=module, env=server.env, cwd=ROOT,
+                            **{"stdin": DEVNULL, "stdout": DEVNULL, "stderr": DEVNULL,
+                               **streams})
 
 
-def run(args: list[str], env, module: str = "eagle3kit") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+def run(server, args: list[str], module: str | None = None) -> subprocess.CompletedProcess:
+    """Its exit status (-N: killed by signal N) and standard error, once it ended."""
+    p = start(server, args, module, stderr=PIPE, text=True)
+    _, err = p.communicate(timeout=300)
+    return subprocess.CompletedProcess(args, p.returncode, "", err)
 
 
 def train_rows(out: Path) -> list[dict]:
@@ -73,19 +74,18 @@ def a():
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(a, env, tmp_path_factory):
+def uninterrupted(a, eagle3kit_server, tmp_path_factory):
     out = tmp_path_factory.mktemp("whole") / "run"
-    r = run(command(a, out), env)
+    r = run(eagle3kit_server, command(a, out))
     assert r.returncode == 0, r.stderr
-    # stderr is a pipe: plain progress lines, one per --log-every, no terminal codes
+    # stderr is a file, not a terminal: plain progress lines, one per --log-every, no terminal codes
     assert "step 7/12  epoch 0  loss" in r.stderr and "\x1b[" not in r.stderr, r.stderr
     return out
 
 
-def _sigterm_at(step: int, args: list[str], env) -> subprocess.CompletedProcess:
+def _sigterm_at(step: int, args: list[str], server) -> subprocess.CompletedProcess:
     """Runs `eagle3kit ARGS` and sends it SIGTERM once it has logged `step`."""
-    p = subprocess.Popen([sys.executable, "-m", "eagle3kit", *args], env=env, cwd=ROOT,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = start(server, args, stderr=PIPE, text=True)
     seen = []
     for line in p.stderr:  # ends when the process does
         seen.append(line)
@@ -93,17 +93,17 @@ def _sigterm_at(step: int, args: list[str], env) -> subprocess.CompletedProcess:
             p.send_signal(signal.SIGTERM)
             break
     rest = p.communicate(timeout=300)[1]
-    return subprocess.CompletedProcess(p.args, p.returncode, "", "".join(seen) + rest)
+    return subprocess.CompletedProcess(args, p.returncode, "", "".join(seen) + rest)
 
 
 @pytest.fixture(scope="module")
-def killed(a, env, uninterrupted, tmp_path_factory):
+def killed(a, eagle3kit_server, uninterrupted, tmp_path_factory):
     """One run interrupted three times, resumed after each: SIGKILL from outside once steps
     past the first checkpoint are logged, SIGKILL from inside while writing the second
     checkpoint, SIGTERM at a random step after the first checkpoint."""
+    server = eagle3kit_server
     out = tmp_path_factory.mktemp("killed") / "run"
-    p = subprocess.Popen([sys.executable, "-m", "eagle3kit", *command(a, out)], env=env,
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = start(server, command(a, out))
     try:
         deadline = time.time() + 300
         while len(train_rows(out)) < SAVE_EVERY + 2 and p.poll() is None:
@@ -115,7 +115,7 @@ def killed(a, env, uninterrupted, tmp_path_factory):
     logged = max(r["step"] for r in train_rows(out))
     assert saved_steps(out) == [SAVE_EVERY] and SAVE_EVERY < logged < 2 * SAVE_EVERY
 
-    r = run([str(2 * SAVE_EVERY), *command(a, out, "--resume")], env,
+    r = run(server, [str(2 * SAVE_EVERY), *command(a, out, "--resume")],
             "tests.cli.kill_in_checkpoint")
     assert r.returncode == -signal.SIGKILL, r.stderr
     assert saved_steps(out) == [SAVE_EVERY]
@@ -125,13 +125,13 @@ def killed(a, env, uninterrupted, tmp_path_factory):
     # SIGTERM that misses that check is seen at step N+2's, unless N+2 is the last step,
     # which always finishes (exit 0): so N <= STEPS - 3
     at = random.Random().randint(SAVE_EVERY + 1, STEPS - 3)
-    r = _sigterm_at(at, command(a, out, "--resume"), env)
+    r = _sigterm_at(at, command(a, out, "--resume"), server)
     assert r.returncode == 75, r.stderr
     assert "SIGTERM received: stopping at the next step boundary" in r.stderr, r.stderr
     assert "stopped by SIGTERM at step" in r.stderr and "continue with --resume" in r.stderr
     assert saved_steps(out)[-1] >= at, (at, saved_steps(out))
 
-    r = run(command(a, out, "--resume"), env)
+    r = run(server, command(a, out, "--resume"))
     assert r.returncode == 0, r.stderr
     assert saved_steps(out)[-1] == STEPS
     return out

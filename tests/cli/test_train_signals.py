@@ -1,5 +1,6 @@
-"""`eagle3kit train` stopped by signals through the CLI, as real subprocesses: SIGUSR1 and
-Ctrl-C while JAX starts, and Ctrl-C between steps (the checkpoint is the step in flight).
+"""`eagle3kit train` stopped by signals through the CLI, as real processes (forked from
+conftest's eagle3kit_server): SIGUSR1 and Ctrl-C while JAX starts, and Ctrl-C between steps
+(the checkpoint is the step in flight).
 SIGKILL and SIGTERM followed by --resume are tests/cli/test_train_kill.py.
 
 The target is a tiny random Llama with SmolLM2's real tokenizer (tests/assets.train_assets).
@@ -8,17 +9,14 @@ The target is a tiny random Llama with SmolLM2's real tokenizer (tests/assets.tr
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests import assets
+from tests import assets, warm_cli
 from tests.cli.test_train import MESH, base_args, rows
 
 
@@ -27,17 +25,18 @@ def a():
     return assets.train_assets()
 
 
-def _train_process(a: Path, out: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join(sys.path)}
+def _train_process(server, a: Path, out: Path, *extra: str) -> warm_cli.Command:
+    """`eagle3kit train` as a real process of its own (forked from the session's server: no
+    fresh interpreter's seconds of imports), its stderr a pipe."""
     args = base_args(a, out, "--max-steps", "12", "--save-every", "5", "--log-every", "1",
                      *extra)
     args[args.index("--epochs") + 1] = "2"  # 9 steps per epoch
     args[args.index(MESH)] = "data=1,tensor=1"
-    return subprocess.Popen([sys.executable, "-m", "eagle3kit", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return warm_cli.Command(server.sock, args, env=server.env, stdin=warm_cli.DEVNULL,
+                            stdout=warm_cli.DEVNULL, stderr=warm_cli.PIPE, text=True)
 
 
-def _wait_for_handlers(p: subprocess.Popen) -> None:
+def _wait_for_handlers(p: warm_cli.Command) -> None:
     """Until the process catches SIGUSR1, which only the job's stop handler (jobs/preempt.py)
     catches: it is installed and JAX is starting. (SIGTERM is caught earlier, by every
     command's error handler: a signal sent then meets no stop handler yet.)"""
@@ -49,17 +48,17 @@ def _wait_for_handlers(p: subprocess.Popen) -> None:
         time.sleep(0.01)
 
 
-def test_stop_signals_during_start_up_exit_cleanly(a, tmp_path):
+def test_stop_signals_during_start_up_exit_cleanly(a, eagle3kit_server, tmp_path):
     """SIGUSR1 (SLURM's warning ahead of a time limit) while JAX starts and compiles: a clean,
     resumable stop (it was exit 139), nothing half-made. Ctrl-C, then Ctrl-C again, quits at
     once."""
-    p = _train_process(a, tmp_path / "run")
+    p = _train_process(eagle3kit_server, a, tmp_path / "run")
     _wait_for_handlers(p)
     p.send_signal(signal.SIGUSR1)
     _, err = p.communicate(timeout=300)
     assert p.returncode == 75 and "Traceback" not in err, (p.returncode, err)
     assert "SIGUSR1 received: stopping at" in err and "stopped by SIGUSR1" in err, err
-    p = _train_process(a, tmp_path / "again")
+    p = _train_process(eagle3kit_server, a, tmp_path / "again")
     _wait_for_handlers(p)
     p.send_signal(signal.SIGINT)
     time.sleep(0.3)
@@ -70,12 +69,12 @@ def test_stop_signals_during_start_up_exit_cleanly(a, tmp_path):
     assert p.returncode == -signal.SIGINT and "Traceback" not in err, (p.returncode, err)
 
 
-def test_ctrl_c_stops_at_the_boundary_after_the_step_in_flight(a, tmp_path):
+def test_ctrl_c_stops_at_the_boundary_after_the_step_in_flight(a, eagle3kit_server, tmp_path):
     """Ctrl-C once step k is logged: step k+1 is in flight, and the checkpoint is step k+1;
     no step is started after the signal (it was k+2: the flag was read only after the next
     step was dispatched)."""
     out = tmp_path / "run"
-    p = _train_process(a, out)
+    p = _train_process(eagle3kit_server, a, out)
     deadline = time.time() + 240
     logged: list[int] = []
     while time.time() < deadline and p.poll() is None and len(logged) < 3:

@@ -202,9 +202,9 @@ def test_packed_segments_do_not_attend_across(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_spec", ["data=1,tensor=1", "data=2,tensor=3"])
-def test_smollm2_parity(mesh_spec):
+def test_smollm2_parity(mesh_spec, smollm2_torch):
     """The real SmolLM2-135M-Instruct: JAX (from the GGUF) vs transformers (same GGUF)."""
-    model = assets.smollm2_torch()
+    model = smollm2_torch
     ckpt = resolve_target(assets.smollm2_gguf())
     cfg = ckpt.config
     assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads) == (30, 576, 9, 3)
@@ -220,9 +220,9 @@ def test_smollm2_parity(mesh_spec):
 
 
 @pytest.mark.slow
-def test_smollm2_gguf_equals_safetensors(tmp_path):
+def test_smollm2_gguf_equals_safetensors(smollm2_torch, tmp_path):
     """The GGUF and a safetensors export of the same weights give identical outputs."""
-    model = assets.smollm2_torch()
+    model = smollm2_torch
     model.config.quantization_config = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

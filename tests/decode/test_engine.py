@@ -274,7 +274,7 @@ def test_sample_follows_the_nucleus(top_p, top_k, kept):
 
 
 @pytest.mark.slow
-def test_smollm2_greedy_equals_transformers_generate(smollm2_gguf):
+def test_smollm2_greedy_equals_transformers_generate(smollm2_gguf, smollm2_torch):
     """The real SmolLM2 (fp32, dequantised GGUF), real chat prompts: 64 tokens each equal
     transformers' greedy `generate`, checked in one forward per prompt (greedy_divergence:
     `generate` on CPU costs a minute here). One prefill and one decode program (a real
@@ -282,7 +282,7 @@ def test_smollm2_greedy_equals_transformers_generate(smollm2_gguf):
     tests')."""
     from eagle3kit.data.chat import prompt_ids
 
-    model = assets.smollm2_torch()
+    model = smollm2_torch
     tok = assets.smollm2_tokenizer()
     ckpt = resolve_target(smollm2_gguf)
     mesh = make_mesh("data=1,tensor=1", jax.devices()[:1])

@@ -17,7 +17,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,13 +26,12 @@ import typer.main
 
 from eagle3kit.cli.app import app
 from eagle3kit.data.records import read_chat_records, read_token_records
-from tests import assets
+from tests import assets, warm_cli
 from tests.data import chat_tokenizers
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = {"llama": ROOT / "examples" / "llama-3.1-8b-instruct" / "Makefile",
            "qwen3": ROOT / "examples" / "qwen3-8b" / "Makefile"}
-WARM_CLI = Path(__file__).with_name("warm_cli.py")
 TOKENIZERS = {"llama": "llama3", "qwen3": "qwen3"}
 HUB_IDS = {"llama": "meta-llama/Llama-3.1-8B-Instruct", "qwen3": "Qwen/Qwen3-8B"}
 
@@ -84,20 +82,11 @@ def tiny_target(family: str, directory: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def e3k(tmp_path_factory):
+def e3k(eagle3kit_server):
     """E3K for the toy runs: each command forked from a server that imported eagle3kit once
-    (tests/examples/warm_cli.py), instead of a fresh `python -m eagle3kit` each."""
-    sock = Path(tempfile.mkdtemp(prefix="e3k-")) / "s"  # a short path: sockets take 107 bytes
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
-    server = subprocess.Popen([sys.executable, str(WARM_CLI), "serve", str(sock)], env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout.readline() == "ready\n", "the eagle3kit fork server did not start"
-        yield f"{shlex.quote(sys.executable)} -I {shlex.quote(str(WARM_CLI))} {sock}"
-    finally:
-        server.kill()
-        server.wait()
-        shutil.rmtree(sock.parent, ignore_errors=True)
+    (conftest's eagle3kit_server), instead of a fresh `python -m eagle3kit` each."""
+    return f"{shlex.quote(sys.executable)} -I {shlex.quote(warm_cli.__file__)} " \
+           f"{eagle3kit_server.sock}"
 
 
 def make(family: str, *args: str, **variables) -> subprocess.CompletedProcess:
