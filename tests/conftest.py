@@ -109,7 +109,8 @@ LONGEST_FIRST = ("cli/test_regenerate.py", "cli/test_gemma3_pipeline.py", "cli/t
                  "cli/test_eval_tracking.py", "decode/test_draft_cache.py",
                  "cli/test_eval_sweep.py", "cli/test_tokenize.py", "cli/test_train_signals.py",
                  "jobs/test_evaluate.py", "core/test_draft.py", "formats/test_real_smollm2.py",
-                 "decode/test_engine_profile.py", "core/test_flash.py", "formats/test_sglang.py",
+                 "decode/test_engine_profile.py", "decode/test_sampling.py", "core/test_flash.py",
+                 "formats/test_sglang.py",
                  "core/test_losses.py", "data/test_tokenizing.py")
 
 
