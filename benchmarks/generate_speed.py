@@ -6,8 +6,9 @@ work; the engine is timed after a warm-up pass that compiles its programs. The b
 is what a decode step cannot beat on this card: it must read every weight once and each live
 row's keys and values, so tokens/s <= rows / ((weight bytes + KV bytes) / bandwidth). The
 roofline adds the time the prompts' prefill needs at the card's dense bf16 peak, which no
-decode step hides (`bounds`): with 256-token prompts and 256 new tokens of the 8B shape it is
-about 70% of the bandwidth bound, the most any engine can reach of that bound there.
+decode step hides (`bounds`): with 256-token prompts and 256 new tokens of the 8B shape at
+128 rows it is 72% of the bandwidth bound on an H200 (79% on an H100), the most any engine
+can reach of that bound there.
 
     # SmolLM2 on real ShareGPT first turns (its chat template), several slot counts
     python benchmarks/generate_speed.py --target SmolLM2-135M-Instruct.Q4_1.gguf \\
@@ -39,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle3kit.core.config import TargetConfig
-from eagle3kit.core.flops import PEAK_BF16, target_matmul_params
+from eagle3kit.core.flops import peak_bf16, target_matmul_params
 from eagle3kit.core.sharding import init_weights, make_mesh
 from eagle3kit.core.target import TargetWeights, unstack_in_place
 from eagle3kit.decode.engine import Engine, EngineConfig, Request
@@ -254,7 +255,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     total = args.new * len(prompts)
     bw = BANDWIDTH.get(device)
-    peak = next((v for k, v in PEAK_BF16.items() if device.startswith(k)), None)
+    peak = peak_bf16(device)
     data, tensor = mesh.shape["data"], mesh.shape["tensor"]
     for slots in map(int, args.slots.split(",")):
         max_context = -(-(max(lens) + args.new) // 128) * 128

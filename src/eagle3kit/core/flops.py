@@ -60,7 +60,12 @@ def flops_per_token(tcfg: TargetConfig, dcfg: DraftConfig, seq_len: int, steps: 
     return target + fc + steps * step
 
 
+def peak_bf16(device_kind: str) -> float | None:
+    """The device's dense bf16 peak (FLOP/s); None for an unknown device."""
+    return next((v for k, v in PEAK_BF16.items() if device_kind.startswith(k)), None)
+
+
 def mfu(flops_per_s: float, device_kind: str) -> float | None:
     """Model FLOP/s over the device's dense bf16 peak; None for an unknown device."""
-    peak = next((v for k, v in PEAK_BF16.items() if device_kind.startswith(k)), None)
+    peak = peak_bf16(device_kind)
     return None if peak is None else flops_per_s / peak

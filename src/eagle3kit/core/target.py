@@ -511,14 +511,12 @@ class RowAttention:
     rows_impl: str = "xla"  # how the cache is read: "xla" (the window) or "pallas" (in place)
 
     def __call__(self, q, k, v, layer: int, sinks):
-        b, t = self.q_positions_BxT.shape
-        slots = self.prefix_B[:, None] + jnp.arange(t)[None, :]
         with jax.named_scope("cache_write"):
-            self._write(k, v, layer, slots)
+            self._write(k, v, layer)
         with jax.named_scope("attend"):
             return self._attend(q, k, v, layer, sinks)
 
-    def _write(self, k, v, layer: int, slots) -> None:
+    def _write(self, k, v, layer: int) -> None:
         ks, vs, rows = self.ks, self.vs, self.rows_B
         if rows is None:  # row b's keys into cache row b, on the device holding it
             # (an index scatter over rows split across devices all-gathers every row's keys
@@ -529,6 +527,7 @@ class RowAttention:
             ks[layer] = put(ks[layer], k.astype(ks[layer].dtype), self.prefix_B)
             vs[layer] = put(vs[layer], v.astype(vs[layer].dtype), self.prefix_B)
         else:
+            slots = self.prefix_B[:, None] + jnp.arange(k.shape[1])[None, :]
             ks[layer] = ks[layer].at[rows[:, None], slots].set(k.astype(ks[layer].dtype),
                                                                mode="drop")
             vs[layer] = vs[layer].at[rows[:, None], slots].set(v.astype(vs[layer].dtype),
