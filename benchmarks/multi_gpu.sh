@@ -13,7 +13,9 @@
 #                                       # --shard processes, byte for byte (ONE_GPU=1: the
 #                                       # shards one after another on one GPU)
 #   bash benchmarks/multi_gpu.sh gen    # generated tokens/s, SmolLM2 (ShareGPT first turns)
-#                                       # and the 8B shape: --mesh data=N vs N --shard processes
+#                                       # and the 8B shape: one GPU vs --mesh data=N vs N
+#                                       # --shard processes (ATTN: the one-GPU runs' cache
+#                                       # attention, default pallas)
 #
 # MULTI_CPU=1 runs the same commands on this machine's CPU with N simulated devices and tiny
 # shapes (a dry run before the GPU call: PY=.venv/bin/python MULTI_CPU=1 bash ... scale).
@@ -208,23 +210,29 @@ shards)  # regenerate alone: one process of one GPU vs N --shard processes, byte
   tar czf "$OUTDIR/shards-$kv.tgz" -C "$D" .
   ;;
 gen)
-  gen_pair() {  # NAME "PROMPTS ROWS" (per GPU) generate_speed.py source args...:
-    # --mesh data=N in one process, then N --shard processes of one GPU
+  gen_pair() {  # NAME "PROMPTS ROWS" (per GPU) generate_speed.py source args...: one
+    # process of one GPU on one GPU's share of the prompts (alone, the baseline), --mesh
+    # data=N in one process (the XLA path: the kernel runs on one device), then N --shard
+    # processes of one GPU; the one-GPU runs read the cache with ATTN (default pallas)
     local name=$1 per=($2); shift 2
     local all=$((per[0] * N)) rows=${per[1]} sync=$STASH/gen-$name-together
+    env $(one_device 0) $PY benchmarks/generate_speed.py "$@" "${GEN[@]}" --prompts "${per[0]}" \
+      --slots "$rows" $ONE_ATTN 2>&1 | grep -v "^WARNING" | tee "$OUTDIR/gen-$name.md"
     $PY benchmarks/generate_speed.py "$@" "${GEN[@]}" --prompts $all \
       --slots $((rows * N)) --mesh "data=$N" 2>&1 | grep -v "^WARNING" \
-      | tee "$OUTDIR/gen-$name.md"
+      | tee -a "$OUTDIR/gen-$name.md"
     rm -rf "$sync"
     for i in $(seq 0 $((N - 1))); do
       spawn "$OUTDIR/gen-$name-shard$i.json" env $(one_device "$i") $PY \
         benchmarks/generate_speed.py "$@" "${GEN[@]}" --prompts $all --slots "$rows" \
-        --shard "$i/$N" --together "$sync"
+        --shard "$i/$N" --together "$sync" $ONE_ATTN
     done
     join_all || { show_logs "$OUTDIR"/gen-$name-shard*.json; exit 1; }
     $PY benchmarks/generate_speed.py --combine "$OUTDIR"/gen-$name-shard?.json \
       | tee -a "$OUTDIR/gen-$name.md"
   }
+  ONE_ATTN="--attention ${ATTN:-pallas}"
+  if [ "${MULTI_CPU:-0}" = 1 ]; then ONE_ATTN="--attention xla"; fi  # the kernel wants a GPU
   if [[ ${GEN_SET:-smollm2,8b} == *smollm2* ]]; then
     gen_pair smollm2 "$SMOL_GEN" --target "$GGUF" --sharegpt "$SG"
   fi
