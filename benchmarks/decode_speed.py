@@ -57,7 +57,7 @@ from eagle3kit.core.vocab import VocabMap
 from eagle3kit.data.fingerprint import tokenizer_fingerprint
 from eagle3kit.data.prompts import load_prompts
 from eagle3kit.data.tokenizer import load_tokenizer
-from eagle3kit.decode.engine import KV_ATTENTION
+from eagle3kit.decode.engine import KV_ATTENTION, auto_kv_attention
 from eagle3kit.decode.speculative import Speculation
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import load_target, resolve_target
@@ -113,11 +113,13 @@ def main() -> None:
     p.add_argument("--tau-only", action="store_true",
                    help="acceptance alone: no timed passes, no plain decoding (a third of the "
                         "work; tau on a CPU, where speed means nothing)")
-    p.add_argument("--kv-attention", default="xla", choices=KV_ATTENTION,
-                   help="how the engine's steps read the KV cache (EngineConfig.attention)")
-    p.add_argument("--check-every", type=int, default=1,
+    p.add_argument("--kv-attention", default="auto", choices=("auto", *KV_ATTENTION),
+                   help="how the engine's steps read the KV cache (EngineConfig.attention; "
+                        "auto, as eval: the kernel on one GPU)")
+    p.add_argument("--check-every", type=int, default=None,
                    help="device steps between a program's checks whether to end early "
-                        "(EngineConfig.check_every; a divisor of 8)")
+                        "(EngineConfig.check_every; a divisor of 8; default as eval: 8 for "
+                        "several rows, 1 for one)")
     p.add_argument("--concurrency", default=None,
                    help="batch sizes for batched decoding, e.g. 1,8,32,64 (default: none)")
     p.add_argument("--profile", default=None, help="a directory: trace a pass of the answered "
@@ -167,10 +169,14 @@ def main() -> None:
         rows.append({"shape": shape, "steps": k, "topk": topk, "draft_tokens": dec.nodes,
                      **summary, "peak_memory_gb": peak_memory_gb()})
 
+    kv = (auto_kv_attention(mesh.devices.flatten()) if args.kv_attention == "auto"
+          else args.kv_attention)
+    check = (f"{args.check_every} steps" if args.check_every else
+             f"{eval_batched.BATCHED_CHECK_EVERY} steps at batch > 1")
     print(f"\n{tcfg.name} + {args.draft} on {prompts.name} ({prompts.num_turns} turns), "
           f"{jax.devices()[0].device_kind}, target {args.target_dtype}, draft {args.dtype}, "
           f"T={args.temperature:g}, max {args.max_new_tokens} new tokens, KV cache read by "
-          f"{args.kv_attention}, jax {jax.__version__}, "
+          f"{kv}, checks every {check}, jax {jax.__version__}, "
           f"python {platform.python_version()}\n")
     print("| shape | tau pooled | tau per request | spec tok/s | plain tok/s | speedup "
           "| identical | compile s | peak GB |")

@@ -210,3 +210,20 @@ def test_a_timed_run_times_again_only_the_answers_that_compiled(tiny, tmp_path):
     assert [s.generated_ids for s in first_samples] == [s.generated_ids for s in second_samples]
     assert all(s.seconds > 0 and s.baseline_seconds > 0 for s in second_samples)
     assert second["identical_to_baseline"] == 2  # float32: lossless
+
+
+def test_batched_programs_check_every_eight_steps_and_one_row_every_step(tiny, tmp_path):
+    """eval's engines (batch 1 and every --concurrency): several rows check whether to end
+    only every 8 steps (measured faster on a GPU), one row every step (its program ends as it
+    finishes); the cache attention `auto` resolves for the devices (the XLA path on a CPU)."""
+    from eagle3kit.jobs import eval_batched
+
+    setup, _ = _one_row_eval(tiny, tmp_path, {"c": ["Name a color."]}, 3, 8)
+    setup = setup(tiny[3])
+    dec = setup.draft.dec
+    for rows, spec, every in ((8, dec, 8), (32, None, 8), (1, dec, 1), (1, None, 1)):
+        engine = setup.engine(rows, 256, spec)
+        assert (engine.cfg.check_every, engine.cfg.attention) == (every, "xla")
+        assert engine.cfg.check_every == (eval_batched.BATCHED_CHECK_EVERY if rows > 1 else 1)
+    setup.check_every, setup.kv_attention = 2, "xla"  # decode_speed.py --check-every 2
+    assert setup.engine(8, 256, dec).cfg.check_every == 2

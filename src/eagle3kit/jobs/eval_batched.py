@@ -22,7 +22,7 @@ from typing import Any
 import jax
 
 from eagle3kit.decode.acceptance import acceptance_summary
-from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling
+from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling, auto_kv_attention
 from eagle3kit.decode.speculative import DecodeConfig, Speculation
 from eagle3kit.errors import UserError
 
@@ -30,6 +30,12 @@ from eagle3kit.errors import UserError
 DEFAULT_SWEEP = "3;5;7;3/4/8;5/4/8;5/8/16"
 SPEC_SYNC = 8  # verify steps per device program (each emits 1..K+1 tokens), batch > 1
 PLAIN_SYNC = 32  # plain decode steps per device program
+# steps between a batched program's checks whether to end early (EngineConfig.check_every):
+# each check reads the loop's condition back to the host while the device waits. On one H100,
+# MT-bench, chain K=3: checks every 8 steps gave 1.38x at batch 8 and 0.99x at batch 32,
+# every step 1.12x and 0.91x (docs/benchmarks.md, issue 22). One row checks every step: its
+# program ends when it finishes, and idle steps would delay only that row.
+BATCHED_CHECK_EVERY = 8
 
 
 def parse_concurrency(text: str | None) -> tuple[int, ...]:
@@ -96,18 +102,22 @@ class Setup:
     stops: list[int]
     draft: Speculation  # the draft and the drafting shape of the run
     seed: int = 0
-    kv_attention: str = "xla"  # EngineConfig.attention
-    check_every: int = 1  # EngineConfig.check_every (a divisor of SPEC_SYNC and PLAIN_SYNC)
+    kv_attention: str = "auto"  # EngineConfig.attention, or auto: the kernel on one GPU
+    check_every: int | None = None  # EngineConfig.check_every (a divisor of SPEC_SYNC and
+    # PLAIN_SYNC); None: BATCHED_CHECK_EVERY for several rows, 1 for one
 
     def engine(self, rows: int, slots: int, dec: DecodeConfig | None) -> Engine:
         """Speculative with drafting shape `dec`, or plain with None."""
         temperature = self.draft.dec.temperature
         # one row waits for nobody: its programs run until it finishes (fewer host syncs)
         sync = PLAIN_SYNC if dec is None or rows == 1 else SPEC_SYNC
+        check = self.check_every or (BATCHED_CHECK_EVERY if rows > 1 else 1)
+        attention = (auto_kv_attention(self.mesh.devices.flatten())
+                     if self.kv_attention == "auto" else self.kv_attention)
         return Engine(self.tcfg, self.target_w, self.mesh, self.stops, EngineConfig(
             rows=rows, max_context=slots, sync_every=sync,
-            sampling=Sampling(temperature), seed=self.seed, attention=self.kv_attention,
-            check_every=self.check_every),
+            sampling=Sampling(temperature), seed=self.seed, attention=attention,
+            check_every=check),
             dataclasses.replace(self.draft, dec=dec) if dec else None)
 
 
