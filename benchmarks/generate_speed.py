@@ -5,10 +5,12 @@ Every prompt is answered with exactly --new tokens (no stop token), so both side
 work; the engine is timed after a warm-up pass that compiles its programs. The bandwidth bound
 is what a decode step cannot beat on this card: it must read every weight once and each live
 row's keys and values, so tokens/s <= rows / ((weight bytes + KV bytes) / bandwidth). The
-roofline adds the time the prompts' prefill needs at the card's dense bf16 peak, which no
-decode step hides (`bounds`): with 256-token prompts and 256 new tokens of the 8B shape at
-128 rows it is 72% of the bandwidth bound on an H200 (79% on an H100), the most any engine
-can reach of that bound there.
+roofline adds the time the prompts' prefill needs at the card's dense bf16 peak, run after
+the decode steps as this engine's separate prefill programs run it (`bounds`): with
+256-token prompts and 256 new tokens of the 8B shape at 128 rows it is 72% of the bandwidth
+bound on an H200 (79% on an H100), the most such an engine can reach of that bound there. An
+engine that mixes prompt chunks into its memory-bound decode steps (chunked prefill) could
+hide the prefill's FLOPs under the steps' reads; docs/benchmarks.md, issue 22.
 
     # SmolLM2 on real ShareGPT first turns (its chat template), several slot counts
     python benchmarks/generate_speed.py --target SmolLM2-135M-Instruct.Q4_1.gguf \\
@@ -57,9 +59,9 @@ def bounds(tcfg, weight_bytes: float, lens: list[int], new: int, slots: int, dat
     with `new` tokens at `slots` rows. The bandwidth bound counts decode steps alone: each
     reads every weight once and each live row's keys and values (mean context); `data`
     devices do that at once, each for slots / data rows, and `tensor` devices split a step's
-    bytes. The roofline adds the prefill's matmul and attention FLOPs at the dense peak,
-    which the decode steps cannot hide: with long prompts no engine reaches the bandwidth
-    bound, only the roofline."""
+    bytes. The roofline adds the prefill's matmul and attention FLOPs at the dense peak, run
+    apart from the decode steps (this engine's prefill programs): with long prompts such an
+    engine reaches the roofline at best, not the bandwidth bound."""
     kv_per_token = 2 * tcfg.num_layers * tcfg.num_kv_heads * tcfg.head_dim * 2  # bf16
     step_bytes = (weight_bytes + slots / data * kv_per_token * (np.mean(lens) + new / 2)) / tensor
     total = new * len(lens)
