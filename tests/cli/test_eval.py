@@ -236,6 +236,8 @@ def test_generate_from_a_prompt_file_with_samples_and_plot(tiny, tmp_path):
     assert first.text == tok.decode(first.generated_ids, skip_special_tokens=True)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "accepted in generation" in r.stderr and "speedup" not in r.stdout.split("{")[0]
+    # how the engine ran: the XLA path on a CPU, one row checking every step
+    assert (result["kv_attention"], result["check_every"]) == ("xla", {"1": 1})
 
 
 def test_generate_prompts_from_stdin(tiny, tmp_path):

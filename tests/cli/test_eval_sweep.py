@@ -57,6 +57,9 @@ def test_concurrency_measures_each_batch_size_both_ways(swept):
         assert p["tau_pooled"] == result["tau_pooled"]
         assert p["tau_per_request_mean"] == result["tau_per_request_mean"]
     assert "batched decoding on" in stderr and "fastest at batch 4" in stderr
+    # batch 4's programs checked every 8 steps (eval_batched.BATCHED_CHECK_EVERY), batch 1's
+    # every step, and the same answers came out (identical_to_baseline above)
+    assert result["check_every"] == {"1": 1, "4": 8} and result["kv_attention"] == "xla"
 
 
 def test_no_speedup_above_tau_both_sides_do_the_same_useful_work(swept):

@@ -111,14 +111,20 @@ class Setup:
         temperature = self.draft.dec.temperature
         # one row waits for nobody: its programs run until it finishes (fewer host syncs)
         sync = PLAIN_SYNC if dec is None or rows == 1 else SPEC_SYNC
-        check = self.check_every or (BATCHED_CHECK_EVERY if rows > 1 else 1)
-        attention = (auto_kv_attention(self.mesh.devices.flatten())
-                     if self.kv_attention == "auto" else self.kv_attention)
         return Engine(self.tcfg, self.target_w, self.mesh, self.stops, EngineConfig(
             rows=rows, max_context=slots, sync_every=sync,
-            sampling=Sampling(temperature), seed=self.seed, attention=attention,
-            check_every=check),
+            sampling=Sampling(temperature), seed=self.seed, attention=self.attention(),
+            check_every=self.checks(rows)),
             dataclasses.replace(self.draft, dec=dec) if dec else None)
+
+    def attention(self) -> str:
+        """How the engines read the KV caches (`auto` resolved for the mesh's devices)."""
+        return (auto_kv_attention(self.mesh.devices.flatten()) if self.kv_attention == "auto"
+                else self.kv_attention)
+
+    def checks(self, rows: int) -> int:
+        """Steps between a program's checks whether to end early, at `rows` rows."""
+        return self.check_every or (BATCHED_CHECK_EVERY if rows > 1 else 1)
 
 
 def slots_for(prompts: Sequence[Sequence[int]], max_new: int, decs: Sequence[DecodeConfig]

@@ -234,7 +234,12 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
                 f.write(encode(s))
     return {"mode": "generate", "dataset": prompts.name, **tf, **gen, **base,
             "topk": cfg.topk, "draft_tokens": setup.draft.dec.nodes,
-            "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens}
+            "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens,
+            # how the engine ran (docs/benchmarks.md, issue 22): the caches' reads, and the
+            # steps between a program's checks at batch 1 and at the --concurrency sizes
+            "kv_attention": setup.attention(), "check_every": {
+                str(b): setup.checks(b) for b in (1, *eval_batched.parse_concurrency(
+                    cfg.concurrency))}}
 
 
 def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: Any,
