@@ -120,11 +120,11 @@ def _copy(tokenizer: Any, rest: str) -> Any:
     `copy.deepcopy` serialises the backend and builds its model again from JSON (about 1.3 s
     for Gemma's 262,144 tokens and their merges). Here the new backend is built from `rest`
     (normalizer, pre-tokenizer, post-processor, decoder, truncation, padding) and the added
-    tokens, in id order; only the model is shared, which `tokenizers` exposes no way to
-    change but its training options (dropout, unk_token, ...), which no caller sets. So a
-    caller may set truncation or padding, add tokens or change the template of its copy
-    without touching the next caller's. Should the added tokens not come back with their
-    ids, the copy is a whole one."""
+    tokens, in id order. Only the model (vocabulary and merges) is shared; of it `tokenizers`
+    lets a caller set only options such as dropout or unk_token, which no caller sets. So a
+    caller may set truncation or padding, change a normalizer or pre-tokenizer in place, add
+    tokens or change the template of its copy without touching the next caller's. Should
+    the added tokens not come back with their ids, the copy is a whole one."""
     from tokenizers import Tokenizer
 
     original = tokenizer.backend_tokenizer
