@@ -70,6 +70,38 @@ def test_a_gguf_file_read_twice_gives_two_tokenizers(smollm2_gguf):
     assert second.encode("<not-in-the-file>") != first.encode("<not-in-the-file>")
 
 
+@pytest.mark.slow
+def test_each_caller_owns_all_of_its_gguf_tokenizer(smollm2_gguf):
+    """Each load is the tokenizer as transformers builds it from the converted file (its
+    backend's whole serialisation: model, added tokens, normalizer, pre-tokenizer,
+    post-processor, decoder, truncation, padding), in milliseconds after the first; what a
+    caller sets on its copy, in place or not, reaches no later caller."""
+    from tokenizers import Regex, normalizers
+
+    from eagle3kit.data.tokenizer import _gguf_build
+
+    cls, backend, kwargs = _gguf_build(str(smollm2_gguf.resolve()))
+    built = cls(tokenizer_object=backend, **kwargs)
+    first = load_tokenizer(str(smollm2_gguf))
+    assert first.backend_tokenizer.to_str() == built.backend_tokenizer.to_str()
+    assert first.chat_template == built.chat_template and first.chat_template
+    b = first.backend_tokenizer
+    b.enable_truncation(8)
+    b.enable_padding(length=16)
+    b.pre_tokenizer.add_prefix_space = not b.pre_tokenizer.add_prefix_space
+    b.normalizer = normalizers.Replace(Regex("a"), "b")
+    b.post_processor = None
+    first.add_tokens(["<not-in-the-file>"], special_tokens=True)
+    first.add_special_tokens({"pad_token": "<pad-of-mine>", "extra_special_tokens": ["<x>"]})
+    first.chat_template = TEMPLATE
+    second = load_tokenizer(str(smollm2_gguf))
+    assert second.backend_tokenizer.to_str() == built.backend_tokenizer.to_str()
+    assert second.chat_template == built.chat_template
+    assert second.special_tokens_map == built.special_tokens_map != first.special_tokens_map
+    text = "hello world <not-in-the-file>" * 3
+    assert second(text).input_ids == built(text).input_ids != first(text).input_ids
+
+
 def test_missing_local_paths_are_named(tmp_path):
     with pytest.raises(InputError, match="nope.gguf: no such file or directory"):
         load_tokenizer(str(tmp_path / "nope.gguf"))

@@ -4,6 +4,7 @@ templates from files."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import io
 import json
@@ -90,15 +91,56 @@ def _gguf_tokenizer(path: Path) -> Any:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         return with_gguf_added_tokens(tok, fields)
     stat = path.stat()
-    cls, backend, kwargs = _gguf_converted(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-    return cls(tokenizer_object=backend, **kwargs)  # a copy of the backend: callers own theirs
+    return _copy(*_gguf_converted(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
 
 
 @functools.lru_cache(maxsize=2)
-def _gguf_converted(path: str, mtime_ns: int, size: int) -> tuple[type, Any, dict[str, Any]]:
-    """The tokenizer class, converted backend and arguments for a GGUF file (as it is at
-    `mtime_ns`, `size`): converting a 262,144-token vocabulary takes seconds, and commands
-    run one after another in one process (tests, notebooks) read the same file again."""
+def _gguf_converted(path: str, mtime_ns: int, size: int) -> tuple[Any, str]:
+    """The tokenizer of a GGUF file (as it is at `mtime_ns`, `size`), never handed out, and
+    its backend's serialisation less the model and added tokens (see `_copy`): converting a
+    262,144-token vocabulary takes seconds, and commands run one after another in one
+    process (tests, notebooks) read the same file again."""
+    from tokenizers.models import BPE
+
+    cls, backend, kwargs = _gguf_build(path)
+    tokenizer = cls(tokenizer_object=backend, **kwargs)
+    backend = tokenizer.backend_tokenizer
+    model, backend.model = backend.model, BPE()  # serialised without its vocabulary
+    try:
+        rest = json.loads(backend.to_str())
+    finally:
+        backend.model = model
+    rest["added_tokens"] = []  # their ids are the model's: added in _copy
+    return tokenizer, json.dumps(rest)
+
+
+def _copy(tokenizer: Any, rest: str) -> Any:
+    """A tokenizer of the caller's own, equal to `tokenizer`, in milliseconds.
+
+    `copy.deepcopy` serialises the backend and builds its model again from JSON (about 1.3 s
+    for Gemma's 262,144 tokens and their merges). Here the new backend is built from `rest`
+    (normalizer, pre-tokenizer, post-processor, decoder, truncation, padding) and the added
+    tokens, in id order. Only the model (vocabulary and merges) is shared; of it `tokenizers`
+    lets a caller set only options such as dropout or unk_token, which no caller sets. So a
+    caller may set truncation or padding, change a normalizer or pre-tokenizer in place, add
+    tokens or change the template of its copy without touching the next caller's. Should
+    the added tokens not come back with their ids, the copy is a whole one."""
+    from tokenizers import Tokenizer
+
+    original = tokenizer.backend_tokenizer
+    backend = Tokenizer.from_str(rest)
+    backend.model = original.model
+    added = original.get_added_tokens_decoder()
+    backend.add_tokens([added[i] for i in sorted(added)])
+    backend.encode_special_tokens = original.encode_special_tokens
+    if {i: repr(t) for i, t in backend.get_added_tokens_decoder().items()} != {
+            i: repr(t) for i, t in added.items()}:
+        backend = copy.deepcopy(original)
+    return copy.deepcopy(tokenizer, memo={id(original): backend})
+
+
+def _gguf_build(path: str) -> tuple[type, Any, dict[str, Any]]:
+    """The tokenizer class, converted backend and arguments for a GGUF file."""
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf.gguf_tokenizer_mapping import (
         GGUF_TOKENIZER_MAPPING,

@@ -323,12 +323,11 @@ class GGUFCheckpoint:
 
     def get(self, name: str) -> np.ndarray:
         from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
 
         t = self._tensors[name]
         qtype = GGMLQuantizationType(t.tensor_type)
         try:
-            w = dequantize(t.data, qtype)
+            w = _dequantize(t.data, qtype)
         except (NotImplementedError, ValueError) as e:
             raise InputError(f"tensor {t.name!r} has unsupported GGUF type {qtype.name} ({e})",
                              path=self.path) from None
@@ -341,6 +340,29 @@ class GGUFCheckpoint:
                 heads = self.config["num_key_value_heads"]
             w = _unpermute_rotary(w, heads)
         return w
+
+
+# values the `gguf` package dequantises per call of its block code (16 rows of this many)
+_ROW_VALUES = 1 << 16
+
+
+def _dequantize(data: np.ndarray, qtype: Any) -> np.ndarray:
+    """The `gguf` package's dequantisation of a tensor's `data`, with its rows joined first.
+
+    The package runs its block code over 16 rows at a time, some ten numpy calls for each
+    group: for Gemma-3's 262,144-row embedding (Q8_0) that took 2 s of a 2.5 s load. A
+    block never spans two rows, so rows joined into rows of about 65,536 values (whole rows
+    of blocks; a tensor's block count decides how many) give the same values, in 0.4 s.
+    """
+    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    if data.dtype != np.uint8:  # a plain type, as the file stores it
+        return dequantize(data, qtype)
+    block_values, block_bytes = GGML_QUANT_SIZES[qtype]
+    blocks = data.size // block_bytes
+    per_row = math.gcd(blocks, max(1, _ROW_VALUES // block_values))
+    return dequantize(data.reshape(blocks // per_row, per_row * block_bytes), qtype)
 
 
 def _unpermute_rotary(w: np.ndarray, heads: int) -> np.ndarray:
