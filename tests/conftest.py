@@ -97,21 +97,20 @@ def eagle3kit_server():
 # turned off below, so the queue is this order. The order is by measured module time (each
 # test's time summed per file, from a whole `pytest -n 2 --dist loadfile` run), modules
 # under 10 s as collected, after these.
-LONGEST_FIRST = ("cli/test_regenerate.py", "cli/test_gemma3_pipeline.py", "cli/test_eval.py",
-                 "core/test_gemma3_real.py", "cli/test_train.py", "core/test_families.py",
-                 "cli/test_eval_smollm2.py", "decode/test_engine.py",
-                 "cli/test_families_pipeline.py", "decode/test_engine_speculative.py",
-                 "core/test_target.py", "cli/test_train_smollm2.py",
-                 "cli/test_train_equivalences.py", "examples/test_recipes.py",
-                 "cli/test_train_kill.py", "data/test_tokenizer.py", "core/test_multihost.py",
-                 "decode/test_speculative.py", "cli/test_errors.py", "core/test_ttt.py",
-                 "decode/test_tree.py", "decode/test_smollm2.py", "core/test_ragged_attention.py",
-                 "cli/test_eval_tracking.py", "decode/test_draft_cache.py",
-                 "cli/test_eval_sweep.py", "cli/test_tokenize.py", "cli/test_train_signals.py",
-                 "jobs/test_evaluate.py", "core/test_draft.py", "formats/test_real_smollm2.py",
-                 "decode/test_engine_profile.py", "decode/test_sampling.py", "core/test_flash.py",
-                 "formats/test_sglang.py",
-                 "core/test_losses.py", "data/test_tokenizing.py")
+LONGEST_FIRST = ("cli/test_regenerate.py", "core/test_gemma3_real.py", "decode/test_engine.py",
+                 "cli/test_eval.py", "cli/test_train.py", "cli/test_eval_smollm2.py",
+                 "cli/test_gemma3_pipeline.py", "core/test_families.py",
+                 "examples/test_recipes.py", "core/test_target.py", "cli/test_train_smollm2.py",
+                 "cli/test_train_kill.py", "decode/test_engine_speculative.py",
+                 "cli/test_train_equivalences.py", "data/test_tokenizer.py",
+                 "cli/test_families_pipeline.py", "core/test_multihost.py",
+                 "decode/test_smollm2.py", "cli/test_errors.py", "core/test_ragged_attention.py",
+                 "decode/test_speculative.py", "core/test_ttt.py", "decode/test_tree.py",
+                 "cli/test_eval_sweep.py", "cli/test_eval_tracking.py", "decode/test_sampling.py",
+                 "jobs/test_evaluate.py", "decode/test_draft_cache.py", "cli/test_tokenize.py",
+                 "cli/test_train_signals.py", "core/test_draft.py", "core/test_losses.py",
+                 "formats/test_real_smollm2.py", "decode/test_engine_profile.py",
+                 "core/test_flash.py", "formats/test_sglang.py", "data/test_tokenizing.py")
 
 
 def pytest_configure(config):
