@@ -57,7 +57,7 @@ from eagle3kit.core.vocab import VocabMap
 from eagle3kit.data.fingerprint import tokenizer_fingerprint
 from eagle3kit.data.prompts import load_prompts
 from eagle3kit.data.tokenizer import load_tokenizer
-from eagle3kit.decode.engine import KV_ATTENTION, auto_kv_attention
+from eagle3kit.decode.engine import KV_ATTENTION
 from eagle3kit.decode.speculative import Speculation
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import load_target, resolve_target
@@ -169,10 +169,9 @@ def main() -> None:
         rows.append({"shape": shape, "steps": k, "topk": topk, "draft_tokens": dec.nodes,
                      **summary, "peak_memory_gb": peak_memory_gb()})
 
-    kv = (auto_kv_attention(mesh.devices.flatten()) if args.kv_attention == "auto"
-          else args.kv_attention)
+    kv = setups[0].attention()  # what the engines used (auto resolved)
     check = (f"{args.check_every} steps" if args.check_every else
-             f"{eval_batched.BATCHED_CHECK_EVERY} steps at batch > 1")
+             f"{setups[0].checks(2)} steps at batch > 1")
     print(f"\n{tcfg.name} + {args.draft} on {prompts.name} ({prompts.num_turns} turns), "
           f"{jax.devices()[0].device_kind}, target {args.target_dtype}, draft {args.dtype}, "
           f"T={args.temperature:g}, max {args.max_new_tokens} new tokens, KV cache read by "

@@ -209,6 +209,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
         tcfg, target_w, mesh, stop_ids(tokenizer, ckpt, renderer),
         Speculation(draft.config, draft_lib.cast(params, dtype), vocab_dev, decode_config(cfg)),
         cfg.seed)
+    sizes = eval_batched.parse_concurrency(cfg.concurrency)  # the --concurrency batch sizes
     shape = f"--max-new-tokens {cfg.max_new_tokens}" + (
         f" at --concurrency {cfg.concurrency}" if cfg.concurrency else "")
     with common.out_of_memory(shape, "lower --max-new-tokens, the --concurrency batch sizes "
@@ -218,7 +219,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
             # the very prompts batch 1 answered (later turns hold its answers), B at a time
             gen.update(eval_batched.measure(
                 setup, [s.prompt_ids for s in samples],
-                eval_batched.parse_concurrency(cfg.concurrency) or (1,),
+                sizes or (1,),
                 eval_batched.parse_sweep(cfg.sweep_grid, setup.draft.dec) if cfg.sweep
                 else None, console))
         # the same text, teacher-forced: the estimate next to what generation measured
@@ -237,9 +238,8 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
             "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens,
             # how the engine ran (docs/benchmarks.md, issue 22): the caches' reads, and the
             # steps between a program's checks at batch 1 and at the --concurrency sizes
-            "kv_attention": setup.attention(), "check_every": {
-                str(b): setup.checks(b) for b in (1, *eval_batched.parse_concurrency(
-                    cfg.concurrency))}}
+            "kv_attention": setup.attention(),
+            "check_every": {str(b): setup.checks(b) for b in (1, *sizes)}}
 
 
 def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: Any,
