@@ -91,10 +91,14 @@ def test_weights_really_sharded(tmp_path):
     layers = target.unstack_in_place(w, ckpt.config)
     assert all(a.is_deleted() for a in stacked)
     assert len(layers.layers) == len(layers.mlps) == ckpt.config.num_layers
+    # q|k|v fused per kv head ([D, K, G+2, H]: 2 kv heads, 2 query heads each): still split
+    # at the heads; gate|up [D, 2, F] still split along F
     for lw in layers.layers:
-        assert {s.data.shape for s in lw.q.addressable_shards} == {(32, 2, 8)}
-    assert {s.data.shape for s in layers.mlps[0].gate.addressable_shards} == {
-        (32, ckpt.config.intermediate_size // 2)}
+        assert lw.q is None and lw.qkv.shape == (32, 2, 4, 8)
+        assert {s.data.shape for s in lw.qkv.addressable_shards} == {(32, 1, 4, 8)}
+    assert layers.mlps[0].gate is None
+    assert {s.data.shape for s in layers.mlps[0].gate_up.addressable_shards} == {
+        (32, 2, ckpt.config.intermediate_size // 2)}
 
 
 def test_indivisible_heads_is_a_clear_error(tmp_path):

@@ -63,12 +63,19 @@ def gemma_rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
 
 
 def gated_mlp(x_BxTxD: jax.Array, gate_DxF: jax.Array, up_DxF: jax.Array, down_FxD: jax.Array,
-              activation: str) -> jax.Array:
-    """down(act(gate(x)) * up(x)): SwiGLU (silu) or Gemma's GeGLU (tanh-approximate gelu)."""
-    if activation == "silu":
+              activation: str, gate_up_Dx2xF: jax.Array | None = None) -> jax.Array:
+    """down(act(gate(x)) * up(x)): SwiGLU (silu) or Gemma's GeGLU (tanh-approximate gelu).
+    `gate_up_Dx2xF` (a decoding target's layers: target.fuse_layer) stands for gate and up,
+    one matmul for both."""
+    if gate_up_Dx2xF is None and activation == "silu":
         return swiglu(x_BxTxD, gate_DxF, up_DxF, down_FxD)
     with jax.named_scope("mlp"):
-        g = jnp.einsum("btd,df->btf", x_BxTxD, gate_DxF)
-        u = jnp.einsum("btd,df->btf", x_BxTxD, up_DxF)
-        h = constrain(jax.nn.gelu(g, approximate=True) * u, ("batch", "seq", "act_heads"))
+        if gate_up_Dx2xF is not None:
+            gu = jnp.einsum("btd,dcf->btcf", x_BxTxD, gate_up_Dx2xF)
+            g, u = gu[:, :, 0], gu[:, :, 1]
+        else:
+            g = jnp.einsum("btd,df->btf", x_BxTxD, gate_DxF)
+            u = jnp.einsum("btd,df->btf", x_BxTxD, up_DxF)
+        act = jax.nn.silu(g) if activation == "silu" else jax.nn.gelu(g, approximate=True)
+        h = constrain(act * u, ("batch", "seq", "act_heads"))
         return jnp.einsum("btf,fd->btd", h, down_FxD)

@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from eagle3kit.core import moe
 from eagle3kit.core.blocks import attend_general, gated_mlp, gemma_rms_norm, window_mask
@@ -57,6 +58,9 @@ class TargetLayers:
     sinks: Any = None  # L,N (gpt-oss)
     post_attn_norm: Any = None  # L,D (Gemma-3: norms the attention output)
     post_mlp_norm: Any = None  # L,D (Gemma-3: norms the MLP output)
+    # a `LayerList`'s layers hold q, k and v as one matrix instead (`fuse_layer`)
+    qkv: Any = None  # D,K,G+2,H: kv head k's G query heads, then its key and its value
+    qkv_bias: Any = None  # K,G+2,H
 
 
 @jax.tree_util.register_dataclass
@@ -67,6 +71,7 @@ class DenseMLP:
     gate: Any  # Ld,D,F
     up: Any  # Ld,D,F
     down: Any  # Ld,F,D
+    gate_up: Any = None  # D,2,F: a `LayerList`'s gate and up as one matrix (`fuse_layer`)
 
 
 @jax.tree_util.register_dataclass
@@ -188,7 +193,8 @@ def _rope(x_BxTxNxH, positions_BxT, tables: _LayerTables, r):
 def _mlp_for(cfg: TargetConfig, sparse: bool):
     if sparse:
         return lambda h, layer, ew: moe.moe_mlp(h, ew, cfg.moe)
-    return lambda h, layer, mw: gated_mlp(h, mw.gate, mw.up, mw.down, cfg.mlp_activation)
+    return lambda h, layer, mw: gated_mlp(h, mw.gate, mw.up, mw.down, cfg.mlp_activation,
+                                          mw.gate_up)
 
 
 def _mlp_seam(w: TargetWeights, cfg: TargetConfig):
@@ -232,11 +238,19 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
     with jax.named_scope("attention"):
         with jax.named_scope("qkv"):
             h = norm(x_BxTxD, lw.attn_norm, eps)
-            q = jnp.einsum("btd,dnh->btnh", h, lw.q)
-            k = jnp.einsum("btd,dkh->btkh", h, lw.k)
-            v = jnp.einsum("btd,dkh->btkh", h, lw.v)
-            if lw.q_bias is not None:
-                q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
+            if lw.qkv is not None:
+                qkv = jnp.einsum("btd,dkch->btkch", h, lw.qkv)
+                if lw.qkv_bias is not None:
+                    qkv = qkv + lw.qkv_bias
+                g = cfg.num_heads // cfg.num_kv_heads
+                q = qkv[:, :, :, :g].reshape(*qkv.shape[:2], cfg.num_heads, cfg.head_dim)
+                k, v = qkv[:, :, :, g], qkv[:, :, :, g + 1]
+            else:
+                q = jnp.einsum("btd,dnh->btnh", h, lw.q)
+                k = jnp.einsum("btd,dkh->btkh", h, lw.k)
+                v = jnp.einsum("btd,dkh->btkh", h, lw.v)
+                if lw.q_bias is not None:
+                    q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
             if lw.q_norm is not None:
                 q, k = norm(q, lw.q_norm, eps), norm(k, lw.k_norm, eps)
             r = tables.rope_index_L[layer]
@@ -380,7 +394,8 @@ class LayerList:
     doubles the traffic (34% + 20% of an 8B decode step on an H200), and in a training step
     the copies are a few per cent of the time. Both therefore loop over per-layer arrays (one
     compiled body per layer: a longer compile, and for training a forward-only one).
-    `mlps[i]` is layer i's `DenseMLP` or `moe.ExpertWeights` slice.
+    `mlps[i]` is layer i's `DenseMLP` or `moe.ExpertWeights` slice. Each layer holds q|k|v
+    and a dense MLP's gate|up as one matrix each (`fuse_layer`).
     """
 
     embed: Any  # V,D
@@ -394,10 +409,53 @@ def _sparse_layers(cfg: TargetConfig) -> tuple[bool, ...]:
     return cfg.moe.sparse_layers if cfg.moe else (False,) * cfg.num_layers
 
 
-def layer_list(w: TargetWeights, cfg: TargetConfig, split) -> LayerList:
+def fuse_layer(lw: TargetLayers, mw: Any, shardings: tuple | None = None
+               ) -> tuple[TargetLayers, Any]:
+    """Layer `lw` with q, k and v as one matrix, and its MLP `mw` (when dense) with gate and
+    up as one: a decoding step's few rows then pass two matmuls where they passed five. At a
+    few rows a matmul is bound by reading its weights, and one wide matmul reads them nearer
+    the bandwidth than several narrow ones (an 8B step's q/k/v 27% -> 49% of an H100's
+    bandwidth at 32 rows, gate/up 64% -> 74%: benchmarks/decode_matmuls.py).
+
+    q's heads are grouped by the kv head they share (kv head k's G query heads, its key,
+    its value), so a mesh that splits the heads over `tensor` splits the fused matrix at the
+    same boundaries. `shardings`: (qkv's, gate_up's) `NamedSharding`, or None to let XLA
+    place them."""
+    d, n, h = lw.q.shape
+    kv = lw.k.shape[1]
+    qkv = jnp.concatenate([lw.q.reshape(d, kv, n // kv, h), lw.k[:, :, None],
+                           lw.v[:, :, None]], axis=2)
+    bias = None if lw.q_bias is None else jnp.concatenate(
+        [lw.q_bias.reshape(kv, n // kv, h), lw.k_bias[:, None], lw.v_bias[:, None]], axis=1)
+    if shardings and shardings[0] is not None:
+        qkv = jax.lax.with_sharding_constraint(qkv, shardings[0])
+    lw = dataclasses.replace(lw, q=None, k=None, v=None, q_bias=None, k_bias=None,
+                             v_bias=None, qkv=qkv, qkv_bias=bias)
+    if isinstance(mw, DenseMLP):
+        gate_up = jnp.stack([mw.gate, mw.up], axis=1)
+        if shardings and shardings[1] is not None:
+            gate_up = jax.lax.with_sharding_constraint(gate_up, shardings[1])
+        mw = DenseMLP(None, None, mw.down, gate_up)
+    return lw, mw
+
+
+def _fused_shardings(lw: TargetLayers, mw: Any) -> tuple | None:
+    """`fuse_layer`'s output shardings from the split weights' own (k's heads, gate's ffw)."""
+    def widen(a, at: int):
+        if not isinstance(getattr(a, "sharding", None), NamedSharding):
+            return None
+        spec = tuple(a.sharding.spec) + (None,) * (a.ndim - len(a.sharding.spec))
+        return NamedSharding(a.sharding.mesh, PartitionSpec(*spec[:at], None, *spec[at:]))
+
+    out = (widen(lw.k, 2), widen(mw.gate, 1) if isinstance(mw, DenseMLP) else None)
+    return out if any(out) else None
+
+
+def layer_list(w: TargetWeights, cfg: TargetConfig, split, fuse=fuse_layer) -> LayerList:
     """A `LayerList` from `split(stack) -> [one tree per index of the stack's leading axis]`,
     applied to the attention stack and to the dense and the expert MLP stacks, whose slices
-    are put back in layer order (Qwen3-MoE mixes dense and sparse layers)."""
+    are put back in layer order (Qwen3-MoE mixes dense and sparse layers), then
+    `fuse(layer, mlp)` of each layer."""
     mlps = {False: split(w.mlp) if w.mlp is not None else [],
             True: split(w.experts) if w.experts is not None else []}
     counts = {True: 0, False: 0}
@@ -405,11 +463,18 @@ def layer_list(w: TargetWeights, cfg: TargetConfig, split) -> LayerList:
     for sparse in _sparse_layers(cfg):
         ordered.append(mlps[sparse][counts[sparse]])
         counts[sparse] += 1
-    return LayerList(w.embed, split(w.layers), ordered, w.final_norm, w.lm_head)
+    mlps.clear()
+    layers, fused_mlps = [], []
+    for lw, mw in zip(split(w.layers), ordered, strict=True):
+        lw, mw = fuse(lw, mw)
+        layers.append(lw)
+        fused_mlps.append(mw)
+    return LayerList(w.embed, layers, fused_mlps, w.final_norm, w.lm_head)
 
 
 def unstack(w: TargetWeights, cfg: TargetConfig) -> LayerList:
-    """Per-layer copies of the stacked weights (jit it; drop the stacked ones after).
+    """Per-layer copies of the stacked weights, fused (`fuse_layer`; jit it, drop the
+    stacked ones after).
 
     Holds both copies at once; `unstack_in_place` needs one stacked array's worth extra."""
     def split(stack) -> list:
@@ -420,12 +485,14 @@ def unstack(w: TargetWeights, cfg: TargetConfig) -> LayerList:
 
 
 def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig) -> LayerList:
-    """`unstack`, one stacked array at a time, deleting each once it is split: the peak is the
-    target plus its largest stacked array, not two targets (an MoE target's experts are
-    most of it). `w` must not be used afterwards. A `LayerList` is returned as it is."""
+    """`unstack`, one stacked array at a time, deleting each once it is split (and each
+    layer's split weights once fused): the peak is the target plus its largest stacked
+    array, not two targets (an MoE target's experts are most of it). `w` must not be used
+    afterwards. A `LayerList` is returned as it is."""
     if isinstance(w, LayerList):
         return w
     split_one = jax.jit(lambda a: tuple(a[i] for i in range(a.shape[0])))
+    fuse_one = jax.jit(fuse_layer, static_argnums=2)
 
     def split(stack) -> list:
         leaves, treedef = jax.tree.flatten(stack)
@@ -435,7 +502,15 @@ def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig) -> LayerLi
             a.delete()
         return [treedef.unflatten([p[i] for p in parts]) for i in range(len(parts[0]))]
 
-    return layer_list(w, cfg, split)
+    def fuse(lw, mw):
+        fused = fuse_one(lw, mw, _fused_shardings(lw, mw))
+        kept = {id(a) for a in jax.tree.leaves(fused)}
+        for a in jax.tree.leaves((lw, mw)):
+            if id(a) not in kept:
+                a.delete()
+        return fused
+
+    return layer_list(w, cfg, split, fuse)
 
 
 def _loop_layers(w: LayerList, cfg: TargetConfig, tokens_BxT, positions_BxT, kv_fn,
