@@ -75,6 +75,13 @@ def bounds(tcfg, weight_bytes: float, lens: list[int], new: int, slots: int, dat
     return total / decode_s, total / (decode_s + prefill_s)
 
 
+def step_weight_bytes(w: TargetWeights) -> int:
+    """The weight bytes a decode step reads: all of them but an untied embedding table, of
+    which a step reads only its rows' entries (a tied one is read whole as the lm head)."""
+    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(w))
+    return total - (w.embed.size * w.embed.dtype.itemsize if w.lm_head is not None else 0)
+
+
 def sharegpt_prompts(path: str, tokenizer, n: int, max_len: int) -> list[list[int]]:
     from eagle3kit.data.chat import prompt_ids
     from eagle3kit.data.sources import Reader, drop_reason, normalise, parse_source
@@ -243,7 +250,7 @@ def main() -> None:
         source += f", shard {args.shard}: {len(prompts)} of them"
     lens = [len(p) for p in prompts]
     device = jax.devices()[0].device_kind
-    weight_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(w))
+    weight_bytes = step_weight_bytes(w)
     w = unstack_in_place(w, tcfg)  # as `regenerate` runs it
     print(f"# {tcfg.name or args.random_target} on {jax.device_count()} x {device} (mesh "
           f"{dict(mesh.shape)}), jax {jax.__version__}; {source}, mean prompt "

@@ -70,3 +70,23 @@ def test_the_roofline_adds_the_prefill_at_peak_to_the_decode_steps_bandwidth_bou
     assert bound4 == pytest.approx(slots * bw / (wb + slots / 4 * kv * (20 + new / 2)),
                                    rel=1e-12)
     assert 8 * new / roofline4 == pytest.approx(8 * new / bound4 + prefill_s / 4, rel=1e-12)
+
+
+def test_the_bandwidth_bound_counts_an_untied_embedding_as_a_step_reads_it():
+    """A decode step gathers its rows' entries of an untied embedding table and reads its own
+    lm head whole; a tied table is the lm head, read whole once."""
+    import jax
+    import jax.numpy as jnp
+    from benchmarks.generate_speed import step_weight_bytes
+
+    from eagle3kit.core.config import TargetConfig
+    from eagle3kit.core.sharding import init_weights
+    from eagle3kit.core.target import TargetWeights
+
+    for tied in (True, False):
+        cfg = TargetConfig.from_hf_config({**TINY, "tie_word_embeddings": tied})
+        w = init_weights(TargetWeights.abstract(cfg, jnp.bfloat16), jax.random.key(0))
+        total = sum(a.nbytes for a in jax.tree.leaves(w))
+        embed = 512 * 64 * 2
+        assert step_weight_bytes(w) == (total if tied else total - embed)
+        assert (w.lm_head is None) == tied
