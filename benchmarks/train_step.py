@@ -121,7 +121,7 @@ def main() -> None:
         target_w = init_weights(abstract, jax.random.key(1), mesh)
     if not args.stacked:  # as `eagle3kit train` runs it (older checkouts have no unstacking)
         from eagle3kit.core.target import unstack_in_place
-        target_w = unstack_in_place(target_w, tcfg)
+        target_w = unstack_in_place(target_w, tcfg, fuse=False)
     dcfg = DraftConfig.for_target(tcfg, args.draft_vocab)
     vocab = VocabMap.from_ids(np.arange(args.draft_vocab), tcfg.vocab_size)
     rng = np.random.default_rng(0)

@@ -29,7 +29,8 @@ FAMILIES = ["qwen3_moe", "gpt_oss", "gemma3"]
 
 
 def jax_forward(ckpt, mesh, tokens, aux_ids, unstacked=False):
-    """`unstacked`: through the trainer's per-layer weights (the stack is deleted)."""
+    """`unstacked`: through the decoder's per-layer weights, q|k|v and gate|up fused (the
+    stack is deleted)."""
     w = load_target(ckpt, mesh, jnp.float32)
     cfg = ckpt.config
     if unstacked:
@@ -57,7 +58,7 @@ def test_parity(family, mesh_spec, tmp_path):
     aux_ids = (0, 1, 2, 3)  # every layer's input: dense, sparse, local and global layers
     ref_logits, ref_aux = torch_reference(model, tokens, aux_ids)
     devices = jax.devices()[:1] if mesh_spec.startswith("data=1") else jax.devices()
-    for unstacked in (True, False):  # the trainer's per-layer weights, the scanned stack
+    for unstacked in (True, False):  # the decoder's per-layer weights, the scanned stack
         w, logits, aux = jax_forward(ckpt, make_mesh(mesh_spec, devices), tokens, aux_ids,
                                      unstacked)
         assert_close(logits, ref_logits, f"{family} logits (unstacked={unstacked})")

@@ -42,11 +42,12 @@ def torch_reference(model, tokens: np.ndarray, aux_ids):
 
 
 def jax_forward(ckpt, mesh, tokens, dtype=jnp.float32, unstacked=False):
-    """Logits and captured states; `unstacked`: through the trainer's per-layer weights."""
+    """Logits and captured states; `unstacked`: through per-layer weights, "trainer" (split)
+    or "decoder" (q|k|v and gate|up fused; True too)."""
     w = load_target(ckpt, mesh, dtype)
     cfg = ckpt.config
     if unstacked:
-        w = target.unstack_in_place(w, cfg)
+        w = target.unstack_in_place(w, cfg, fuse=unstacked != "trainer")
 
     @jax.jit
     def run(w, tokens):
@@ -71,7 +72,7 @@ def test_tiny_parity(family, mesh_spec, tmp_path):
     ref_logits, ref_aux = torch_reference(model, tokens, aux_ids)
     devices = jax.devices()[:1] if mesh_spec.startswith("data=1") else jax.devices()
     mesh = make_mesh(mesh_spec, devices)
-    for unstacked in (False, True):  # the scanned stack, the trainer's per-layer weights
+    for unstacked in (False, "trainer", "decoder"):  # the scanned stack, per-layer weights
         logits, aux = jax_forward(ckpt, mesh, tokens, unstacked=unstacked)
         assert_close(logits, ref_logits, f"{family} logits")
         for i, (a, r) in enumerate(zip(aux, ref_aux, strict=True)):
@@ -86,7 +87,7 @@ def test_weights_really_sharded(tmp_path):
     assert q.sharding.spec[2] == "tensor"
     shard_shapes = {s.data.shape for s in q.addressable_shards}
     assert shard_shapes == {(6, 32, 2, 8)}
-    # unstacked for training: each layer keeps its heads split, and the stack is freed
+    # unstacked for decoding: each layer keeps its heads split, and the stack is freed
     stacked = jax.tree.leaves(w.layers) + jax.tree.leaves(w.mlp)
     layers = target.unstack_in_place(w, ckpt.config)
     assert all(a.is_deleted() for a in stacked)
@@ -217,7 +218,7 @@ def test_smollm2_parity(mesh_spec, smollm2_torch):
     ref_logits, ref_aux = torch_reference(model, tokens, cfg.default_aux_layer_ids())
     devices = jax.devices()[:1] if mesh_spec.startswith("data=1") else jax.devices()[:6]
     logits, aux = jax_forward(ckpt, make_mesh(mesh_spec, devices), tokens,
-                              unstacked=mesh_spec.startswith("data=1"))  # as the trainer's
+                              unstacked="trainer" if mesh_spec.startswith("data=1") else False)
     assert_close(logits, ref_logits, "SmolLM2 logits")
     for a, r in zip(aux, ref_aux, strict=True):
         assert_close(a, r, "SmolLM2 hidden state")

@@ -63,11 +63,12 @@ def gemma_rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
 
 
 def gated_mlp(x_BxTxD: jax.Array, gate_DxF: jax.Array, up_DxF: jax.Array, down_FxD: jax.Array,
-              activation: str, gate_up_Dx2xF: jax.Array | None = None) -> jax.Array:
+              activation: str, gate_up_Dx2xF: jax.Array | None = None,
+              matmul=None) -> jax.Array:
     """down(act(gate(x)) * up(x)): SwiGLU (silu) or Gemma's GeGLU (tanh-approximate gelu).
     `gate_up_Dx2xF` (a decoding target's layers: target.fuse_layer) stands for gate and up,
-    one matmul for both."""
-    if gate_up_Dx2xF is None and activation == "silu":
+    one matmul for both; `matmul(h, down)` (a decode step's) multiplies by down."""
+    if gate_up_Dx2xF is None and matmul is None and activation == "silu":
         return swiglu(x_BxTxD, gate_DxF, up_DxF, down_FxD)
     with jax.named_scope("mlp"):
         if gate_up_Dx2xF is not None:
@@ -78,4 +79,6 @@ def gated_mlp(x_BxTxD: jax.Array, gate_DxF: jax.Array, up_DxF: jax.Array, down_F
             u = jnp.einsum("btd,df->btf", x_BxTxD, up_DxF)
         act = jax.nn.silu(g) if activation == "silu" else jax.nn.gelu(g, approximate=True)
         h = constrain(act * u, ("batch", "seq", "act_heads"))
+        if matmul is not None:
+            return matmul(h, down_FxD)
         return jnp.einsum("btf,fd->btd", h, down_FxD)

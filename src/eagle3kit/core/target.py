@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from eagle3kit.core import moe
+from eagle3kit.core import moe, skinny_matmul
 from eagle3kit.core.blocks import attend_general, gated_mlp, gemma_rms_norm, window_mask
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.layers import attend, causal_mask, rms_norm, rope
@@ -192,13 +192,14 @@ def _rope(x_BxTxNxH, positions_BxT, tables: _LayerTables, r):
 
 def _mlp_for(cfg: TargetConfig, sparse: bool):
     if sparse:
-        return lambda h, layer, ew: moe.moe_mlp(h, ew, cfg.moe)
-    return lambda h, layer, mw: gated_mlp(h, mw.gate, mw.up, mw.down, cfg.mlp_activation,
-                                          mw.gate_up)
+        return lambda h, layer, ew, matmul=None: moe.moe_mlp(h, ew, cfg.moe)
+    return lambda h, layer, mw, matmul=None: gated_mlp(
+        h, mw.gate, mw.up, mw.down, cfg.mlp_activation, mw.gate_up, matmul)
 
 
 def _mlp_seam(w: TargetWeights, cfg: TargetConfig):
-    """(per-layer scanned MLP weights or None, mlp_fn(h, layer, scanned) -> [B, T, D]).
+    """(per-layer scanned MLP weights or None, mlp_fn(h, layer, scanned) -> [B, T, D]; the
+    per-layer `_mlp_for` fns also take a decode step's `matmul`).
 
     When every layer's MLP has the same kind its weights are scanned along with the layers;
     a mixed Qwen3-MoE stack (`mlp_only_layers`, `decoder_sparse_step`) indexes the dense or
@@ -230,8 +231,10 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
     `kv_fn(k, v, layer, extra) -> (k_all, v_all, mask, key_positions, extra)` supplies the keys
     to attend to: the layer's own (training) or a KV cache it updates (decoding), with the
     position of every key (for sliding windows). A `RowAttention` instead takes the whole
-    attention over (decoding rows: `forward_rows`). `mlp_fn(h, layer, mw)` is the layer's MLP.
+    attention over (decoding rows: `forward_rows`), and its `matmul` then runs q|k|v, o_proj
+    and the MLP's down projection. `mlp_fn(h, layer, mw[, matmul])` is the layer's MLP.
     """
+    matmul = kv_fn.matmul if isinstance(kv_fn, RowAttention) else None
     norm = gemma_rms_norm if cfg.gemma_norms else rms_norm
     eps = cfg.rms_norm_eps
     # named scopes split a profile of the layer (benchmarks/profile_summary.py)
@@ -239,7 +242,9 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
         with jax.named_scope("qkv"):
             h = norm(x_BxTxD, lw.attn_norm, eps)
             if lw.qkv is not None:
-                qkv = jnp.einsum("btd,dkch->btkch", h, lw.qkv)
+                d, kv, c, hd = lw.qkv.shape
+                qkv = (jnp.einsum("btd,dkch->btkch", h, lw.qkv) if matmul is None else
+                       matmul(h, lw.qkv.reshape(d, -1)).reshape(*h.shape[:2], kv, c, hd))
                 if lw.qkv_bias is not None:
                     qkv = qkv + lw.qkv_bias
                 g = cfg.num_heads // cfg.num_kv_heads
@@ -267,14 +272,18 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
                                        tables.window_L[layer])
                 a = _attend(cfg, q, k_all, v_all, mask, lw.sinks, attn_impl)
         with jax.named_scope("o_proj"):
-            o = jnp.einsum("btnh,nhd->btd", a, lw.o)
+            if matmul is None:
+                o = jnp.einsum("btnh,nhd->btd", a, lw.o)
+            else:
+                o = matmul(a.reshape(*a.shape[:2], -1), lw.o.reshape(-1, lw.o.shape[-1]))
             if lw.o_bias is not None:
                 o = o + lw.o_bias
             if lw.post_attn_norm is not None:
                 o = norm(o, lw.post_attn_norm, eps)
             x_BxTxD = x_BxTxD + o
     with jax.named_scope("mlp"):
-        h = mlp_fn(norm(x_BxTxD, lw.mlp_norm, eps), layer, mw)
+        h = norm(x_BxTxD, lw.mlp_norm, eps)
+        h = mlp_fn(h, layer, mw) if matmul is None else mlp_fn(h, layer, mw, matmul)
         if lw.post_mlp_norm is not None:
             h = norm(h, lw.post_mlp_norm, eps)
         x_BxTxD = x_BxTxD + h
@@ -394,8 +403,8 @@ class LayerList:
     doubles the traffic (34% + 20% of an 8B decode step on an H200), and in a training step
     the copies are a few per cent of the time. Both therefore loop over per-layer arrays (one
     compiled body per layer: a longer compile, and for training a forward-only one).
-    `mlps[i]` is layer i's `DenseMLP` or `moe.ExpertWeights` slice. Each layer holds q|k|v
-    and a dense MLP's gate|up as one matrix each (`fuse_layer`).
+    `mlps[i]` is layer i's `DenseMLP` or `moe.ExpertWeights` slice. A decoder's layers hold
+    q|k|v and a dense MLP's gate|up as one matrix each (`fuse_layer`), the trainer's apart.
     """
 
     embed: Any  # V,D
@@ -451,11 +460,11 @@ def _fused_shardings(lw: TargetLayers, mw: Any) -> tuple | None:
     return out if any(out) else None
 
 
-def layer_list(w: TargetWeights, cfg: TargetConfig, split, fuse=fuse_layer) -> LayerList:
+def layer_list(w: TargetWeights, cfg: TargetConfig, split, fuse=None) -> LayerList:
     """A `LayerList` from `split(stack) -> [one tree per index of the stack's leading axis]`,
     applied to the attention stack and to the dense and the expert MLP stacks, whose slices
     are put back in layer order (Qwen3-MoE mixes dense and sparse layers), then
-    `fuse(layer, mlp)` of each layer."""
+    `fuse(layer, mlp)` of each layer (decoding's layout; None: as split, the trainer's)."""
     mlps = {False: split(w.mlp) if w.mlp is not None else [],
             True: split(w.experts) if w.experts is not None else []}
     counts = {True: 0, False: 0}
@@ -466,29 +475,33 @@ def layer_list(w: TargetWeights, cfg: TargetConfig, split, fuse=fuse_layer) -> L
     mlps.clear()
     layers, fused_mlps = [], []
     for lw, mw in zip(split(w.layers), ordered, strict=True):
-        lw, mw = fuse(lw, mw)
+        if fuse is not None:
+            lw, mw = fuse(lw, mw)
         layers.append(lw)
         fused_mlps.append(mw)
     return LayerList(w.embed, layers, fused_mlps, w.final_norm, w.lm_head)
 
 
-def unstack(w: TargetWeights, cfg: TargetConfig) -> LayerList:
-    """Per-layer copies of the stacked weights, fused (`fuse_layer`; jit it, drop the
-    stacked ones after).
+def unstack(w: TargetWeights, cfg: TargetConfig, fuse: bool = True) -> LayerList:
+    """Per-layer copies of the stacked weights, fused for decoding (`fuse_layer`) unless
+    `fuse` is False (jit it, drop the stacked ones after).
 
     Holds both copies at once; `unstack_in_place` needs one stacked array's worth extra."""
     def split(stack) -> list:
         n = jax.tree.leaves(stack)[0].shape[0]
         return [jax.tree.map(lambda a, i=i: a[i], stack) for i in range(n)]
 
-    return layer_list(w, cfg, split)
+    return layer_list(w, cfg, split, fuse_layer if fuse else None)
 
 
-def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig) -> LayerList:
+def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig,
+                     fuse: bool = True) -> LayerList:
     """`unstack`, one stacked array at a time, deleting each once it is split (and each
     layer's split weights once fused): the peak is the target plus its largest stacked
     array, not two targets (an MoE target's experts are most of it). `w` must not be used
-    afterwards. A `LayerList` is returned as it is."""
+    afterwards. A `LayerList` is returned as it is. `fuse`: decoding's layout (`fuse_layer`;
+    the trainer, whose target forward runs thousands of rows a step, keeps the split one:
+    there a fused matmul gains nothing it was measured for)."""
     if isinstance(w, LayerList):
         return w
     split_one = jax.jit(lambda a: tuple(a[i] for i in range(a.shape[0])))
@@ -502,7 +515,7 @@ def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig) -> LayerLi
             a.delete()
         return [treedef.unflatten([p[i] for p in parts]) for i in range(len(parts[0]))]
 
-    def fuse(lw, mw):
+    def fuse_in_place(lw, mw):
         fused = fuse_one(lw, mw, _fused_shardings(lw, mw))
         kept = {id(a) for a in jax.tree.leaves(fused)}
         for a in jax.tree.leaves((lw, mw)):
@@ -510,7 +523,7 @@ def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig) -> LayerLi
                 a.delete()
         return fused
 
-    return layer_list(w, cfg, split, fuse)
+    return layer_list(w, cfg, split, fuse_in_place if fuse else None)
 
 
 def _loop_layers(w: LayerList, cfg: TargetConfig, tokens_BxT, positions_BxT, kv_fn,
@@ -584,6 +597,20 @@ class RowAttention:
     window: int  # slots read (static): >= every prefix + T; 0: read none (a first prefill)
     attn_impl: str = "xla"
     rows_impl: str = "xla"  # how the cache is read: "xla" (the window) or "pallas" (in place)
+    matmul_impl: str = "xla"  # a few rows' q|k|v, o_proj and down: XLA or core/skinny_matmul
+
+    def matmul(self, x_BxTxK: jax.Array, w_KxN: jax.Array) -> jax.Array:
+        """x @ w: the Pallas kernel where it pays (matmul_impl "pallas":
+        skinny_matmul.pays), else XLA's."""
+        m = x_BxTxK.shape[0] * x_BxTxK.shape[1]
+        if self.matmul_impl == "pallas" and skinny_matmul.pays(m, w_KxN, self.blocks):
+            out = skinny_matmul.skinny_matmul(x_BxTxK.reshape(m, -1), w_KxN, self.blocks)
+            return out.reshape(*x_BxTxK.shape[:2], -1)
+        return jnp.einsum("btk,kn->btn", x_BxTxK, w_KxN)
+
+    @property
+    def blocks(self) -> skinny_matmul.SkinnyBlocks:
+        return skinny_matmul.SkinnyBlocks(interpret=jax.default_backend() != "gpu")
 
     def __call__(self, q, k, v, layer: int, sinks):
         with jax.named_scope("cache_write"):
@@ -647,8 +674,8 @@ def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
                  positions_BxT: jax.Array, cache: RowCache, *, rows_B: jax.Array | None = None,
                  prefix_B: jax.Array | None = None, block_mask_BxTxT: jax.Array | None = None,
                  window: int | None = None, prefill: bool = False,
-                 aux_layer_ids: tuple[int, ...] = (), rows_impl: str = "xla"
-                 ) -> tuple[TargetOutput, RowCache]:
+                 aux_layer_ids: tuple[int, ...] = (), rows_impl: str = "xla",
+                 matmul_impl: str | None = None) -> tuple[TargetOutput, RowCache]:
     """Forward of T new tokens per row, each row at its own positions (batched generation,
     speculative verification); returns the output (final-normed hidden [B,T,D], the captured
     states of `aux_layer_ids`) and the updated cache.
@@ -669,13 +696,19 @@ def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
     rows_impl  "xla" (that window: sliced, or gathered for `rows_B`) or "pallas"
              (core/ragged_attention's kernel: each row read in place up to its own
              prefix + T; `window` is then unused).
+    matmul_impl  how a step multiplies q|k|v, o_proj and down: "xla", or "pallas"
+             (core/skinny_matmul where it pays: a few rows, large weights); None: "pallas"
+             where the cache kernel runs on a GPU (one device), else "xla".
 
     Writes past the cache's end are dropped.
     """
     prefix = positions_BxT[:, 0] if prefix_B is None else prefix_B
     window = 0 if prefill else cache.k[0].shape[1] if window is None else window
     ks, vs = list(cache.k), list(cache.v)
+    if matmul_impl is None:
+        matmul_impl = "pallas" if rows_impl == "pallas" and jax.default_backend() == "gpu" \
+            else "xla"
     attention = RowAttention(cfg, ks, vs, rows_B, prefix, positions_BxT, block_mask_BxTxT,
-                             window, rows_impl=rows_impl)
+                             window, rows_impl=rows_impl, matmul_impl=matmul_impl)
     out = _loop_layers(w, cfg, tokens_BxT, positions_BxT, attention, aux_layer_ids)
     return out, RowCache(ks, vs)

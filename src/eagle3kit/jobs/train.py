@@ -141,7 +141,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
                       dataclasses.replace(cfg.optim, total_steps=planned_steps), mesh)
     # per-layer arrays: the scan over stacked layers would copy each layer's weights per step
     target_w = target.unstack_in_place(
-        load_target(setup.ckpt, mesh, common.DTYPES[cfg.target_dtype]), tcfg)
+        load_target(setup.ckpt, mesh, common.DTYPES[cfg.target_dtype]), tcfg, fuse=False)
     vocab_dev = jax.device_put(ttt.VocabArrays.from_map(setup.vocab), trainer.replicated)
     state, step, epoch, position, elapsed_before = _initial_state(cfg, trainer, out,
                                                                   setup.init, console)
