@@ -85,3 +85,28 @@ def test_a_decode_step_through_the_kernel_equals_the_full_forward(monkeypatch):
             full = target.forward(w, cfg, jnp.asarray(seq), aux_layer_ids=()).hidden_BxTxD[0, n:]
             np.testing.assert_allclose(np.concatenate(hidden, axis=1)[b], full, **TOL,
                                        err_msg=f"{impl}, row {b}")
+
+
+@pytest.mark.parametrize("m, k, split", [(16, 512, 1), (40, 512, 4), (64, 14336, 0)])
+def test_the_kernel_lowers_to_a_valid_triton_module(monkeypatch, m, k, split):
+    """The engine's tiles lowered for the GPU (no GPU needed), bf16 as decoding runs it, give
+    a Triton module that verifies: interpret mode would not see a dot or a loop Triton
+    refuses, nor rows padded to no power of two (40 rows once padded to 48, which only the
+    GPU's lowering refused). 14336: an 8B's down projection, split in shares of 3,584."""
+    registration = pytest.importorskip("jax._src.pallas.triton.pallas_call_registration")
+    lower = registration.lowering.lower_jaxpr_to_triton_module
+    verified = []
+
+    def verifying(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        with result.module.operation.context:
+            verified.append(result.module.operation.verify())  # raises MLIRError if invalid
+        return result
+
+    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", verifying)
+    blocks = SkinnyBlocks(split=split)  # the engine's tiles, not interpreted
+    x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((k, 256), jnp.bfloat16)
+    jax.jit(lambda x, w: skinny_matmul.skinny_matmul(x, w, blocks)).trace(x, w).lower(
+        lowering_platforms=("cuda",))
+    assert verified == [True]

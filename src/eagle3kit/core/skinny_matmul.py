@@ -53,7 +53,8 @@ def skinny_matmul(x_MxK: jax.Array, w_KxN: jax.Array,
     blocks = blocks or SkinnyBlocks(interpret=jax.default_backend() != "gpu")
     m, k = x_MxK.shape
     n = w_KxN.shape[1]
-    m_pad = max(16, -(-m // 16) * 16)  # the tensor cores' smallest tile
+    # Triton's tiles are powers of two, and its dots at least 16 rows
+    m_pad = max(16, 1 << (m - 1).bit_length())
     x = jnp.pad(x_MxK.astype(w_KxN.dtype), ((0, m_pad - m), (0, 0)))
     columns = n // blocks.block_n
     split = blocks.split or _split(k, blocks, columns)
