@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from eagle3kit.core.ragged_attention import RaggedBlocks, attend_rows
+from tests import triton_lowering
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 C, S, H = 6, 56, 16
@@ -210,17 +211,7 @@ def test_the_kernel_lowers_to_a_valid_triton_module(monkeypatch, name, split):
     every path: causal or a tree, one split or several, one new-token chunk or more. Interpret
     mode cannot see this: a tree split across programs once built an scf.for whose bounds had
     two types (i32 and i1), which only the GPU's compile refused."""
-    registration = pytest.importorskip("jax._src.pallas.triton.pallas_call_registration")
-    lower = registration.lowering.lower_jaxpr_to_triton_module
-    verified = []
-
-    def verifying(*args, **kwargs):
-        result = lower(*args, **kwargs)
-        with result.module.operation.context:
-            verified.append(result.module.operation.verify())  # raises MLIRError if invalid
-        return result
-
-    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", verifying)
+    verified = triton_lowering.verified(monkeypatch)
     c = make_case(**CASES[name])
     blocks = RaggedBlocks(k=16, q=16, split=split)
     as_ = lambda x: None if x is None else jnp.asarray(x)  # noqa: E731

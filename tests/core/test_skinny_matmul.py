@@ -13,6 +13,7 @@ from eagle3kit.core import skinny_matmul, target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import init_weights
 from eagle3kit.core.skinny_matmul import MAX_ROWS, MIN_ROWS, SkinnyBlocks, fits, pays
+from tests import triton_lowering
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -93,17 +94,7 @@ def test_the_kernel_lowers_to_a_valid_triton_module(monkeypatch, m, k, split):
     a Triton module that verifies: interpret mode would not see a dot or a loop Triton
     refuses, nor rows padded to no power of two (40 rows once padded to 48, which only the
     GPU's lowering refused). 14336: an 8B's down projection, split in shares of 3,584."""
-    registration = pytest.importorskip("jax._src.pallas.triton.pallas_call_registration")
-    lower = registration.lowering.lower_jaxpr_to_triton_module
-    verified = []
-
-    def verifying(*args, **kwargs):
-        result = lower(*args, **kwargs)
-        with result.module.operation.context:
-            verified.append(result.module.operation.verify())  # raises MLIRError if invalid
-        return result
-
-    monkeypatch.setattr(registration.lowering, "lower_jaxpr_to_triton_module", verifying)
+    verified = triton_lowering.verified(monkeypatch)
     blocks = SkinnyBlocks(split=split)  # the engine's tiles, not interpreted
     x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((k, 256), jnp.bfloat16)
