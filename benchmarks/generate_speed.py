@@ -3,12 +3,13 @@
 
 Every prompt is answered with exactly --new tokens (no stop token), so both sides do the same
 work; the engine is timed after a warm-up pass that compiles its programs. The bandwidth bound
-is what a decode step cannot beat on this card: it must read every weight once and each live
-row's keys and values, so tokens/s <= rows / ((weight bytes + KV bytes) / bandwidth). The
+is what a decode step cannot beat on this card: it must read every weight once (an untied
+embedding table only at its rows' entries: `step_weight_bytes`) and each live row's keys and
+values, so tokens/s <= rows / ((weight bytes + KV bytes) / bandwidth). The
 roofline adds the time the prompts' prefill needs at the card's dense bf16 peak, run after
 the decode steps as this engine's separate prefill programs run it (`bounds`): with
-256-token prompts and 256 new tokens of the 8B shape at 128 rows it is 72% of the bandwidth
-bound on an H200 (79% on an H100), the most such an engine can reach of that bound there. An
+256-token prompts and 256 new tokens of the 8B shape at 128 rows it is 71% of the bandwidth
+bound on an H200 (78% on an H100), the most such an engine can reach of that bound there. An
 engine that mixes prompt chunks into its memory-bound decode steps (chunked prefill) could
 hide the prefill's FLOPs under the steps' reads; docs/benchmarks.md, issue 22.
 
