@@ -99,8 +99,8 @@ def eagle3kit_server():
 # under 10 s as collected, after these.
 LONGEST_FIRST = ("cli/test_regenerate.py", "core/test_gemma3_real.py", "decode/test_engine.py",
                  "cli/test_eval.py", "cli/test_train.py", "cli/test_eval_smollm2.py",
-                 "cli/test_gemma3_pipeline.py", "core/test_families.py",
-                 "examples/test_recipes.py", "core/test_target.py", "cli/test_train_smollm2.py",
+                 "cli/test_gemma3_pipeline.py", "examples/test_recipes.py",
+                 "core/test_target.py", "cli/test_train_smollm2.py", "core/test_families.py",
                  "cli/test_train_kill.py", "decode/test_engine_speculative.py",
                  "cli/test_train_equivalences.py", "data/test_tokenizer.py",
                  "cli/test_families_pipeline.py", "core/test_multihost.py",

@@ -94,9 +94,11 @@ def test_base_model_pipeline(sharegpt_path, tmp_path):
         "--eval", evals)
     assert "gemma-3-270m" in (tmp_path / "sg" / "README.md").read_text()
 
+    # one slot of 256 positions on one device, greedy: the shape of eval's baseline engine
+    # above (one row, the smallest cache), whose compiled Gemma programs this run reuses
     regen = tmp_path / "regen.jsonl"
     run("regenerate", "--target", gguf, "--chat-template", "gemma", "-i", prompts, "-o", regen,
-        "--limit", "2", "--turns", "first", "--max-new-tokens", "8", "--slots", "2",
-        "--max-context", "512", "--mesh", "data=1,tensor=1", "--target-dtype", "float32")
+        "--limit", "2", "--turns", "first", "--max-new-tokens", "8", "--slots", "1",
+        "--max-context", "256", "--mesh", "data=1,tensor=1", "--target-dtype", "float32")
     records = [json.loads(x) for x in regen.read_text().splitlines()]
     assert len(records) == 2 and all(r["messages"][-1]["role"] == "assistant" for r in records)

@@ -264,7 +264,11 @@ def test_a_verified_tree_matches_the_full_forward_along_each_path(tmp_path, rows
                     True)
     got, _ = rows(jnp.asarray([nodes]), 12 + jnp.asarray([depth]), cache, jnp.asarray([12]),
                   jnp.asarray(ancestors)[None], False)
-    full = jax.jit(lambda t: target.forward(w, cfg, t).hidden_BxTxD)
-    for t, path in enumerate(paths):
-        want = full(jnp.asarray([prompt + [nodes[u] for u in path]]))[0, -1]
-        assert_close(got[0, t], want, f"tree node {t} (depth {depth[t]})")
+    # every path's full forward in one batch (one program, not one per path length): a row
+    # padded after its path, which a causal forward never reads back
+    seqs = [prompt + [nodes[u] for u in path] for path in paths]
+    longest = max(map(len, seqs))
+    full = np.asarray(jax.jit(lambda t: target.forward(w, cfg, t).hidden_BxTxD)(
+        jnp.asarray([s + [0] * (longest - len(s)) for s in seqs])))
+    for t, s in enumerate(seqs):
+        assert_close(got[0, t], full[t, len(s) - 1], f"tree node {t} (depth {depth[t]})")

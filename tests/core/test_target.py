@@ -119,15 +119,16 @@ def test_cached_decoding_matches_full_forward(tmp_path):
     w = load_target(ckpt, make_mesh("data=1", jax.devices()[:1]), jnp.float32)
     layers = target.unstack(w, cfg)
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (1, 20)))
-    full = target.forward(w, cfg, tokens)
+    full = jax.jit(lambda t: target.forward(w, cfg, t))(tokens)
     cache = target.RowCache.zeros(cfg, 1, 32, jnp.float32)
     pos = jnp.arange(20)[None]
     step = jax.jit(lambda t, p, c, prefill: target.forward_rows(
         layers, cfg, t, p, c, prefill=prefill, window=32,
         aux_layer_ids=cfg.default_aux_layer_ids()), static_argnums=3)
     out1, cache = step(tokens[:, :12], pos[:, :12], cache, True)
-    # garbage from "rejected" tokens at 12..15 must be ignored and overwritten
-    _, cache = step(tokens[:, :4] + 1, pos[:, 12:16], cache, False)
+    # garbage from "rejected" tokens at 12..19 must be ignored and overwritten (as many as
+    # the step after them: one program for both)
+    _, cache = step(tokens[:, :8] + 1, pos[:, 12:], cache, False)
     out2, cache = step(tokens[:, 12:], pos[:, 12:], cache, False)
     hidden = np.concatenate([out1.hidden_BxTxD, out2.hidden_BxTxD], axis=1)
     aux = np.concatenate([out1.aux_BxTxA, out2.aux_BxTxA], axis=1)

@@ -8,6 +8,7 @@ each document on its own, and the rollout is a plain loop in float64.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,9 @@ from tests import assets
 from tests.core import test_losses
 
 K = 3
+# the target's signals of a batch, one program per batch shape for the module (target and
+# draft configs static), not one per test nor a primitive at a time
+signals = jax.jit(ttt.target_signals, static_argnums=(1, 2))
 
 
 @pytest.fixture(scope="module")
@@ -191,8 +195,7 @@ def test_target_signals_match_torch(setup, tiny):
     the whole vocab restricted to the draft ids (not renormalised) would be off by."""
     tcfg, tw, dcfg, _, vocab = setup
     batch = packed_batch(np.random.default_rng(1))
-    sig = jax.jit(lambda b: ttt.target_signals(tw, tcfg, dcfg, ttt.VocabArrays.from_map(vocab),
-                                               b))(batch)
+    sig = signals(tw, tcfg, dcfg, ttt.VocabArrays.from_map(vocab), batch)
     ref = torch_signals(tiny[1], batch, vocab, dcfg.aux_layer_ids)
     real = np.asarray(batch.segment_ids) > 0
     # argmax and in_draft compared exactly: no near-tie among the real columns
@@ -227,7 +230,7 @@ def test_rollout_matches_plain_reference(setup, tiny):
     batch = packed_batch(np.random.default_rng(1))
     va = ttt.VocabArrays.from_map(vocab)
     cfg = ttt.TTTConfig(steps=K, compute_dtype=jnp.float32)
-    sig = ttt.target_signals(tw, tcfg, dcfg, va, batch)
+    sig = signals(tw, tcfg, dcfg, va, batch)
     ref = torch_signals(tiny[1], batch, vocab, dcfg.aux_layer_ids)
     assert not ref["in_draft_BxT"].all(), "some targets must be outside"
     w = fit_head(w, dcfg, ref, batch, vocab)
@@ -253,7 +256,7 @@ def test_rollout_with_tv_and_verify_weights_matches_plain_reference(setup, tiny)
     va = ttt.VocabArrays.from_map(vocab)
     cfg = ttt.TTTConfig(steps=K, compute_dtype=jnp.float32, loss="tv",
                         position_weights="verify")
-    sig = ttt.target_signals(tw, tcfg, dcfg, va, batch)
+    sig = signals(tw, tcfg, dcfg, va, batch)
     ref = torch_signals(tiny[1], batch, vocab, dcfg.aux_layer_ids)
     w = fit_head(w, dcfg, ref, batch, vocab)
     loss, counts = jax.jit(lambda w: ttt.rollout(w, dcfg, sig, batch, va, cfg,
@@ -300,7 +303,7 @@ def test_causality(setup):
 
     a, b = float(full_loss(early)), float(full_loss(changed))
     assert a == b and a > 0
-    sig = ttt.target_signals(tw, tcfg, dcfg, va, early)
+    sig = signals(tw, tcfg, dcfg, va, early)
 
     def loss_of(aux, embeds):
         s = ttt.TargetSignals(embeds, aux, sig.probs_BxTxVd, sig.argmax_BxT, sig.in_draft_BxT)
@@ -321,8 +324,8 @@ def test_fully_masked_batch_gives_zero_loss(setup):
     empty = ttt.Batch(batch.tokens, jnp.zeros_like(batch.loss_mask), batch.segment_ids,
                       batch.positions)
     cfg = ttt.TTTConfig(steps=K, compute_dtype=jnp.float32)
-    loss, counts = ttt.loss_fn(w, tw, empty, va, ttt.valid_counts(empty, K), tcfg=tcfg,
-                               dcfg=dcfg, ttt=cfg)
+    loss, counts = jax.jit(functools.partial(ttt.loss_fn, tcfg=tcfg, dcfg=dcfg, ttt=cfg))(
+        w, tw, empty, va, ttt.valid_counts(empty, K))
     assert float(loss) == 0.0 and float(counts.total.sum()) == 0.0
     assert np.isfinite(float(loss))
     _ = target  # the frozen target is exercised through loss_fn
@@ -402,7 +405,7 @@ def test_pallas_attention_choice_gives_the_xla_loss_and_gradient(setup):
     tcfg, tw, dcfg, w, vocab = setup
     va = ttt.VocabArrays.from_map(vocab)
     batch = packed_batch(np.random.default_rng(1))
-    sig = jax.jit(lambda b: ttt.target_signals(tw, tcfg, dcfg, va, b))(batch)
+    sig = signals(tw, tcfg, dcfg, va, batch)
     den = ttt.valid_counts(batch, 2)
 
     def grad(attention):

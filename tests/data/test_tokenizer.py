@@ -32,12 +32,10 @@ def test_gguf_tokenizer_is_transformers_own_without_torch(smollm2_gguf):
     import subprocess
     import sys
 
-    from transformers import AutoTokenizer
-
     from tests import assets
 
     ours = load_tokenizer(str(smollm2_gguf))
-    ref = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+    ref = assets.transformers_gguf_tokenizer(smollm2_gguf)
     assert ours.get_vocab() == ref.get_vocab() and len(ours) == len(ref) == 49152
     assert ours.special_tokens_map == ref.special_tokens_map
     assert {i: str(t) for i, t in ours.added_tokens_decoder.items()} == {
@@ -210,13 +208,11 @@ def test_gemma3_gguf_tokenizer_is_transformers_own_without_torch():
     import subprocess
     import sys
 
-    from transformers import AutoTokenizer
-
     from eagle3kit.data.tokenizer import KNOWN_TEMPLATES
     from tests import assets
 
     gguf = assets.gemma3_gguf()
-    ref = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    ref = assets.transformers_gguf_tokenizer(gguf)
     texts = []
     for chat in assets.sharegpt_chats(20):
         messages = [{"role": m.role, "content": m.content} for m in chat.messages]

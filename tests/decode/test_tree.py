@@ -105,9 +105,20 @@ def test_accepted_path_equals_a_walk_down_agreeing_children(best_after):
 def _prefill(tcfg, layers, tokens, aux_ids=()):
     """A one-row cache of 32 slots holding `tokens` from slot 0, and the forward's output."""
     cache = target.RowCache.zeros(tcfg, 1, 32, jnp.float32)
-    return target.forward_rows(layers, tcfg, jnp.asarray(tokens)[None],
-                               jnp.arange(len(tokens))[None], cache, prefill=True,
-                               aux_layer_ids=aux_ids)
+    return _rows(tcfg, aux_ids, layers, jnp.asarray(tokens)[None],
+                 jnp.arange(len(tokens))[None], cache, prefill=True)
+
+
+# forward_rows and forward jitted (target config and captured layers static): a program per
+# shape, not a primitive at a time
+@functools.partial(jax.jit, static_argnums=(0, 1), static_argnames="prefill")
+def _rows(tcfg, aux_ids, layers, tokens, positions, cache, prefix=None, block=None,
+          prefill=False):
+    return target.forward_rows(layers, tcfg, tokens, positions, cache, prefix_B=prefix,
+                               block_mask_BxTxT=block, prefill=prefill, aux_layer_ids=aux_ids)
+
+
+_forward = jax.jit(target.forward, static_argnums=1, static_argnames="aux_layer_ids")
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +131,8 @@ def prefilled(tiny):
     prompt = np.random.default_rng(3).integers(0, 96, 9).astype(np.int32)
     _, cache = _prefill(tcfg, layers, prompt)
     t = hand_tree(6)
-    out, tree_cache = target.forward_rows(
-        layers, tcfg, t.tokens[None], (9 + t.depth)[None], cache, prefix_B=jnp.asarray([9]),
-        block_mask_BxTxT=t.ancestors[None], window=32, aux_layer_ids=dcfg.aux_layer_ids)
+    out, tree_cache = _rows(tcfg, dcfg.aux_layer_ids, layers, t.tokens[None],
+                            (9 + t.depth)[None], cache, jnp.asarray([9]), t.ancestors[None])
     return prompt, t, out, tree_cache, layers
 
 
@@ -133,7 +143,7 @@ def test_tree_forward_equals_the_target_along_each_path(tiny, prefilled):
     # one causal forward per root-to-node path (right-padded: padding comes after, unread)
     paths = [[tokens[u] for u in sorted(ancestors[i])] for i in range(6)]
     rows = np.asarray([[*prompt, *p, *[0] * (4 - len(p))] for p in paths])
-    ref = target.forward(tw, tcfg, jnp.asarray(rows), aux_layer_ids=dcfg.aux_layer_ids)
+    ref = _forward(tw, tcfg, jnp.asarray(rows), aux_layer_ids=dcfg.aux_layer_ids)
     last = np.asarray([len(prompt) + len(p) - 1 for p in paths])
     np.testing.assert_allclose(out.hidden_BxTxD[0], ref.hidden_BxTxD[np.arange(6), last],
                                atol=2e-5)
