@@ -37,6 +37,8 @@
 #   bash benchmarks/gpu_session.sh check-every  # issue 22: a program's early-exit checks every
 #     step (1) against every 4 and 8 (CHECKS), SmolLM2, the 8B shape, speculative batch 8/32
 #   bash benchmarks/gpu_session.sh ragged  # the decode/verify kernel alone vs XLA, every shape
+#   bash benchmarks/gpu_session.sh matmuls  # issue 22: a step's matmuls alone (XLA, fused,
+#     Pallas tilings) and the 8B shape at 4-32 rows (its best share of the bandwidth bound)
 #   bash benchmarks/gpu_session.sh pack    # the trained draft's export, split into $OUT parts
 #
 # issue 23, the base Gemma-3-270M (examples/gemma3_270m_sharegpt.sh; after setup and join,
@@ -279,6 +281,15 @@ check-every)  # issue 22: EngineConfig.check_every, the steps between a program'
 ragged)  # issue 22: the ragged kernel alone against the XLA path (rows gathered and sliced),
   # every shape of benchmarks/ragged_attention.py; a failing shape is named and skipped
   python3 benchmarks/ragged_attention.py 2>&1 | grep -v '\\x' | tee "$OUTDIR/ragged${TAG:-}.md"
+  ;;
+matmuls)  # issue 22: a decode step's dense matmuls alone (XLA apart and fused, the Pallas
+  # matmul's tilings), then the 8B shape at few rows, where the engine's share of the
+  # bandwidth bound is highest (no wheels or assets needed)
+  B8=benchmarks/configs/llama-3.1-8b-instruct.json
+  python3 benchmarks/decode_matmuls.py --config $B8 --rows 16,32,64,128 --impl xla,pallas \
+    --json "$OUTDIR/matmuls.json" | tee "$OUTDIR/matmuls.txt"
+  python3 benchmarks/generate_speed.py --random-target $B8 --prompts 64 --prompt-len 256 \
+    --new 256 --slots 4,8,12,16,32 --attention pallas | tee "$OUTDIR/few_rows.md"
   ;;
 gcarry)
   for d in .stash/g[1-5]; do [ -d "$d" ] && cp "$d"/gemma.part.* "$STASH"/; done
