@@ -198,8 +198,8 @@ def _mlp_for(cfg: TargetConfig, sparse: bool):
 
 
 def _mlp_seam(w: TargetWeights, cfg: TargetConfig):
-    """(per-layer scanned MLP weights or None, mlp_fn(h, layer, scanned) -> [B, T, D]; the
-    per-layer `_mlp_for` fns also take a decode step's `matmul`).
+    """(per-layer scanned MLP weights or None, mlp_fn(h, layer, scanned, matmul=None) ->
+    [B, T, D]; `matmul`, a decode step's, only reaches per-layer weights, never a scan).
 
     When every layer's MLP has the same kind its weights are scanned along with the layers;
     a mixed Qwen3-MoE stack (`mlp_only_layers`, `decoder_sparse_step`) indexes the dense or
@@ -217,7 +217,7 @@ def _mlp_seam(w: TargetWeights, cfg: TargetConfig):
     def take(stack, i):
         return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stack)
 
-    def mixed(h, layer, _):
+    def mixed(h, layer, _, matmul=None):
         return jax.lax.cond(is_sparse[layer],
                             lambda: sparse(h, layer, take(w.experts, slot[layer])),
                             lambda: dense(h, layer, take(w.mlp, slot[layer])))
@@ -232,7 +232,7 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
     to attend to: the layer's own (training) or a KV cache it updates (decoding), with the
     position of every key (for sliding windows). A `RowAttention` instead takes the whole
     attention over (decoding rows: `forward_rows`), and its `matmul` then runs q|k|v, o_proj
-    and the MLP's down projection. `mlp_fn(h, layer, mw[, matmul])` is the layer's MLP.
+    and the MLP's down projection. `mlp_fn(h, layer, mw, matmul)` is the layer's MLP.
     """
     matmul = kv_fn.matmul if isinstance(kv_fn, RowAttention) else None
     norm = gemma_rms_norm if cfg.gemma_norms else rms_norm
@@ -282,8 +282,7 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
                 o = norm(o, lw.post_attn_norm, eps)
             x_BxTxD = x_BxTxD + o
     with jax.named_scope("mlp"):
-        h = norm(x_BxTxD, lw.mlp_norm, eps)
-        h = mlp_fn(h, layer, mw) if matmul is None else mlp_fn(h, layer, mw, matmul)
+        h = mlp_fn(norm(x_BxTxD, lw.mlp_norm, eps), layer, mw, matmul)
         if lw.post_mlp_norm is not None:
             h = norm(h, lw.post_mlp_norm, eps)
         x_BxTxD = x_BxTxD + h
