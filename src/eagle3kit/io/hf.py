@@ -299,6 +299,9 @@ def _check_shapes(src, names, transform, cfg, info: ArrayInfo, stacked: bool, pe
 
 def _load_one(src, names, transform, cfg, info: ArrayInfo, sharding, stacked: bool,
               per_expert: bool, where):
+    if not per_expert and getattr(src, "on_device", lambda: False)():
+        # a GGUF: its stored bytes go to the devices, dequantised and laid out there
+        return src.load_weight(names, transform, cfg, info.dtype, sharding, stacked)
     cache: dict[int, np.ndarray] = {}
 
     def tensor(g: int) -> np.ndarray:
