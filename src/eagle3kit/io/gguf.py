@@ -20,6 +20,7 @@ import mmap
 import os
 import re
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -359,17 +360,31 @@ class GGUFCheckpoint:
             return ("rotary", self.config[key])
         return ()
 
-    def load_weight(self, names: list[list[str]], transform, cfg, dtype, sharding,
-                    stacked: bool):
-        """The loader's weight from the tensors `names` (one per layer when `stacked`):
-        dequantised, fixed as `get` fixes them, transformed, stacked and cast in one program
-        on the devices of `sharding`; the stored bytes go to every device of its mesh."""
-        flat = [group[0] for group in names]
-        specs = tuple((self._tensors[n].tensor_type, self.shape(n), self._fix(n)) for n in flat)
-        fn = gguf_quants.weight_program(specs, transform, cfg, np.dtype(dtype), stacked, sharding)
+    def load_weights(self, plans: list[tuple]) -> list:
+        """The loader's weights, one per plan (names, transform, cfg, dtype, sharding,
+        stacked): the tensors `names` (one per layer when stacked) dequantised, fixed as `get`
+        fixes them, transformed, stacked and cast in one program on the devices of `sharding`,
+        the stored bytes sent to every device of its mesh. The programs are compiled in
+        threads first (XLA compiles outside the GIL), then run one at a time, so one weight's
+        intermediates are on the devices at once."""
+        import jax
+
+        jobs = []
+        for names, transform, cfg, dtype, sharding, stacked in plans:
+            flat = [group[0] for group in names]
+            specs = tuple((self._tensors[n].tensor_type, self.shape(n), self._fix(n))
+                          for n in flat)
+            batches = [[self._tensors[flat[i]].data for i in layers]
+                       for layers in gguf_quants.alike(specs).values()]
+            shapes = tuple(jax.ShapeDtypeStruct((len(b), *b[0].shape), b[0].dtype)
+                           for b in batches)
+            jobs.append(((specs, transform, cfg, np.dtype(dtype), stacked, sharding, shapes),
+                         batches))
+        with ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1) or 1) as pool:
+            programs = list(pool.map(lambda job: gguf_quants.compiled(*job[0]), jobs))
         # one copy of the quantised bytes on the host (a fraction of the weight's size)
-        return fn(*(np.stack([self._tensors[flat[i]].data for i in layers])
-                    for layers in gguf_quants.alike(specs).values()))
+        return [program(*(np.stack(b) for b in batches))
+                for program, (_, batches) in zip(programs, jobs, strict=True)]
 
     def device_tensor(self, name: str):
         """`get(name)` computed on the default device (float32, equal to `get`)."""

@@ -201,6 +201,14 @@ def weight_program(specs: tuple, transform, cfg, dtype: np.dtype, stacked: bool,
     return jax.jit(build, in_shardings=replicated, out_shardings=sharding)
 
 
+@functools.lru_cache(maxsize=256)
+def compiled(specs: tuple, transform, cfg, dtype: np.dtype, stacked: bool, sharding,
+             shapes: tuple):
+    """`weight_program` compiled for its batches' `shapes` (jax.ShapeDtypeStruct)."""
+    return weight_program(specs, transform, cfg, dtype, stacked, sharding).lower(
+        *shapes).compile()
+
+
 def alike(specs: tuple) -> dict[tuple, list[int]]:
     """Layer indices by spec, in order of first occurrence."""
     groups: dict[tuple, list[int]] = {}
