@@ -1,16 +1,24 @@
 """io.gguf's header reader: every key/value and tensor as the `gguf` package's GGUFReader
 reads them (a synthetic file with every value type, in both byte orders, and the real
-SmolLM2), and bad files refused in one line."""
+SmolLM2), and bad files refused in one line; dequantisation on the device (io.gguf_quants)
+bit for bit the package's, on edge-case blocks and on the real SmolLM2 and Gemma-3 tensors,
+and `load_target` from it equal to the host load."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
-from gguf.quants import quantize
+from gguf.quants import dequantize, quantize
 
+from eagle3kit.core.sharding import make_mesh
 from eagle3kit.errors import InputError
+from eagle3kit.io import gguf_quants as q
 from eagle3kit.io.gguf import GGUFCheckpoint, GGUFHeader
+from eagle3kit.io.hf import load_target, resolve_target
+from tests import assets
 
 
 def assert_same_as_gguf_package(path):
@@ -73,3 +81,108 @@ def test_unreadable_file_is_one_line_naming_it(smollm2_gguf, tmp_path, content):
     with pytest.raises(InputError, match="not a readable GGUF file") as e:
         GGUFCheckpoint(path)
     assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- dequantisation on the device (io/gguf_quants.py): bit for bit the `gguf` package's ------
+
+QUANTS = {q.Q4_0: [0], q.Q4_1: [0, 2], q.Q5_0: [0], q.Q5_1: [0, 2], q.Q8_0: [0],
+          q.Q4_K: [0, 2], q.Q5_K: [0, 2], q.Q6_K: [208]}  # where each block's float16s are
+# scales at the edges, one per block first: the largest, the smallest subnormal, negative, -0
+EDGES = np.array([65504, -65504, 2**-24, -(2**-24), -0.0, 0.0, 1, -1.5, 2**-14, -7e-3],
+                 np.float16).view(np.uint16)
+
+
+def _blocks(qtype, rows, rng):
+    """`rows` rows of random blocks (every bit pattern of the quants and the 6-bit scales),
+    their float16 scales finite, the first blocks' scales the EDGES."""
+    values, nbytes = q.BLOCKS[qtype]
+    data = rng.integers(0, 256, (rows * 8, nbytes), dtype=np.uint8)
+    for at in QUANTS[qtype]:
+        half = data[:, at:at + 2].copy().view(np.uint16)[:, 0]
+        half[(half & 0x7C00) == 0x7C00] &= 0xBFFF  # inf/nan -> finite
+        half[:len(EDGES)] = EDGES
+        data[:, at:at + 2] = half.view(np.uint8).reshape(-1, 2)
+    return data.reshape(rows, 8 * nbytes), (rows, 8 * values)
+
+
+def assert_bits_equal(ours, ref):
+    ours, ref = np.asarray(ours), np.asarray(ref, np.float32)
+    assert ours.dtype == np.float32 and ours.shape == ref.shape
+    differ = ours.view(np.uint32) != ref.view(np.uint32)
+    assert not differ.any(), f"{differ.sum()} values differ, first at {np.argwhere(differ)[0]}"
+
+
+def _ours(data, qtype, shape):
+    return jax.jit(q.dequantize, static_argnums=(1, 2))(data, qtype, shape)
+
+
+@pytest.mark.parametrize("qtype", list(QUANTS), ids=lambda t: GGMLQuantizationType(t).name)
+def test_quantised_blocks_exact(qtype):
+    data, shape = _blocks(qtype, 64, np.random.default_rng(qtype))
+    if qtype in (q.Q4_K, q.Q5_K):  # every 6-bit scale and min occurs
+        from gguf.quants import Q4_K
+        scales = data.reshape(-1, q.BLOCKS[qtype][1])[:, 4:16]
+        assert all(len(np.unique(x)) == 64 for x in Q4_K.get_scale_min(scales))
+    assert_bits_equal(_ours(data, qtype, shape), dequantize(data, GGMLQuantizationType(qtype)))
+
+
+def test_plain_types_exact():
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 1 << 16, (32, 64), dtype=np.uint16)  # every class, NaN included
+    bits[0, :len(EDGES)] = EDGES
+    half = bits.view(np.float16)
+    assert_bits_equal(_ours(half, q.F16, (32, 64)), half.astype(np.float32))
+    bf16 = bits.view(np.uint8).reshape(32, 128)
+    assert_bits_equal(_ours(bf16, q.BF16, (32, 64)),
+                      dequantize(bf16, GGMLQuantizationType.BF16))
+    f32 = rng.standard_normal((3, 5)).astype(np.float32)
+    assert_bits_equal(_ours(f32, q.F32, (3, 5)), f32)
+
+
+def _real_tensors_exact(path, extra=()):
+    """The smallest tensor of each type in the file, and `extra`: on the device as `get`."""
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.on_device()
+    smallest = {}
+    for name in ckpt.names:
+        t = ckpt._tensors[name]
+        if t.data.nbytes < smallest.get(t.tensor_type, (None, np.inf))[1]:
+            smallest[t.tensor_type] = (name, t.data.nbytes)
+    names = [n for n, _ in smallest.values()] + list(extra)
+    for name in names:
+        assert_bits_equal(ckpt.device_tensor(name), ckpt.get(name))
+    return {GGMLQuantizationType(t).name for t in smallest}
+
+
+def test_real_smollm2_tensors_exact(smollm2_gguf):
+    # Llama: Q and K come back un-interleaved (the rotary permutation)
+    rotary = ["model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight"]
+    assert {"Q4_1", "Q8_0"} <= _real_tensors_exact(smollm2_gguf, rotary)
+
+
+@pytest.mark.slow
+def test_real_gemma3_tensors_exact():
+    # Gemma: norms come back less llama.cpp's 1
+    norms = ["model.layers.0.input_layernorm.weight", "model.norm.weight"]
+    types = _real_tensors_exact(assets.gemma3_gguf(), norms)
+    assert {"Q4_K", "Q6_K", "Q5_0", "Q8_0"} <= types
+
+
+@pytest.mark.parametrize("model,dtype", [
+    ("smollm2", "float32"), ("smollm2", "bfloat16"),
+    # Q4_K_M: some layers' tensors Q6_K, the others' Q4_K (batches joined in layer order)
+    pytest.param("gemma3", "float32", marks=pytest.mark.slow),
+    pytest.param("gemma3", "bfloat16", marks=pytest.mark.slow)])
+def test_load_target_on_device_is_the_host_load(monkeypatch, model, dtype):
+    """Every weight as `load_target` lays it out: from the stored bytes on the device, equal
+    to dequantising by the `gguf` package on the host (float32 exact, bf16 the same rounding)."""
+    ckpt = resolve_target(assets.smollm2_gguf() if model == "smollm2" else assets.gemma3_gguf())
+    mesh = make_mesh()
+    ours = load_target(ckpt, mesh, jnp.dtype(dtype))
+    monkeypatch.setattr(GGUFCheckpoint, "on_device", lambda self: False)
+    ref = load_target(ckpt, mesh, jnp.dtype(dtype))
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours),
+                            jax.tree_util.tree_leaves(ref), strict=True):
+        assert a.dtype == b.dtype and a.sharding == b.sharding, path
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8),
+                                      err_msg=jax.tree_util.keystr(path))

@@ -20,12 +20,14 @@ import mmap
 import os
 import re
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from eagle3kit.errors import InputError
+from eagle3kit.io import gguf_quants
 
 # GGUF architecture -> HF model_type
 _ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
@@ -128,9 +130,10 @@ class GGUFHeader:
         if buf[:4] != b"GGUF":
             raise ValueError("GGUF magic invalid")
         self._order = "<"
+        self.byte_order = "<"
         (version,) = struct.unpack_from("<I", buf, 4)
         if version & 0xFFFF == 0:  # written on a big-endian machine
-            self._order = ">"
+            self._order = self.byte_order = ">"
             (version,) = struct.unpack_from(">I", buf, 4)
         if version not in (2, 3):
             raise ValueError(f"GGUF version {version} (supported: 2, 3)")
@@ -332,14 +335,61 @@ class GGUFCheckpoint:
             raise InputError(f"tensor {t.name!r} has unsupported GGUF type {qtype.name} ({e})",
                              path=self.path) from None
         w = np.asarray(w, np.float32).reshape(self.shape(name))
-        if self.arch == "gemma3" and name.endswith("norm.weight"):
+        fix = self._fix(name)
+        if fix == ("minus_one",):
             w = w - np.float32(1)  # stored as 1 + w (see the module docstring)
-        if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = self.config["num_attention_heads"]
-            if name.endswith("k_proj.weight"):
-                heads = self.config["num_key_value_heads"]
-            w = _unpermute_rotary(w, heads)
+        elif fix:
+            w = gguf_quants.unpermute_rotary(w, fix[1])
         return w
+
+    # ---- on the device: only the stored bytes are transferred (io/gguf_quants.py) ----------
+
+    def on_device(self) -> bool:
+        """Whether every tensor can be dequantised on the device: a little-endian file of the
+        types io.gguf_quants reads; else the loader takes `get` (the `gguf` package)."""
+        return self.reader.byte_order == "<" and all(
+            gguf_quants.supported(t.tensor_type) for t in self._tensors.values())
+
+    def _fix(self, name: str) -> tuple:
+        """What `get` does after dequantising `name`, as a hashable description."""
+        if self.arch == "gemma3" and name.endswith("norm.weight"):
+            return ("minus_one",)
+        if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            key = "num_key_value_heads" if name.endswith("k_proj.weight") else \
+                "num_attention_heads"
+            return ("rotary", self.config[key])
+        return ()
+
+    def load_weights(self, plans: list[tuple]) -> list:
+        """The loader's weights, one per plan (names, transform, cfg, dtype, sharding,
+        stacked): the tensors `names` (one per layer when stacked) dequantised, fixed as `get`
+        fixes them, transformed, stacked and cast in one program on the devices of `sharding`,
+        the stored bytes sent to every device of its mesh. The programs are compiled in
+        threads first (XLA compiles outside the GIL), then run one at a time, so one weight's
+        intermediates are on the devices at once."""
+        import jax
+
+        jobs = []
+        for names, transform, cfg, dtype, sharding, stacked in plans:
+            flat = [group[0] for group in names]
+            specs = tuple((self._tensors[n].tensor_type, self.shape(n), self._fix(n))
+                          for n in flat)
+            batches = [[self._tensors[flat[i]].data for i in layers]
+                       for layers in gguf_quants.alike(specs).values()]
+            shapes = tuple(jax.ShapeDtypeStruct((len(b), *b[0].shape), b[0].dtype)
+                           for b in batches)
+            jobs.append(((specs, transform, cfg, np.dtype(dtype), stacked, sharding, shapes),
+                         batches))
+        with ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1) or 1) as pool:
+            programs = list(pool.map(lambda job: gguf_quants.compiled(*job[0]), jobs))
+        # one copy of the quantised bytes on the host (a fraction of the weight's size)
+        return [program(*(np.stack(b) for b in batches))
+                for program, (_, batches) in zip(programs, jobs, strict=True)]
+
+    def device_tensor(self, name: str):
+        """`get(name)` computed on the default device (float32, equal to `get`)."""
+        spec = (self._tensors[name].tensor_type, self.shape(name), self._fix(name))
+        return gguf_quants.tensor_program(spec)(self._tensors[name].data)
 
 
 # values the `gguf` package dequantises per call of its block code (16 rows of this many)
@@ -363,9 +413,3 @@ def _dequantize(data: np.ndarray, qtype: Any) -> np.ndarray:
     blocks = data.size // block_bytes
     per_row = math.gcd(blocks, max(1, _ROW_VALUES // block_values))
     return dequantize(data.reshape(blocks // per_row, per_row * block_bytes), qtype)
-
-
-def _unpermute_rotary(w: np.ndarray, heads: int) -> np.ndarray:
-    """Inverse of llama.cpp's per-head interleaving of the rotary halves (rows of Q/K)."""
-    half = w.shape[0] // heads // 2
-    return w.reshape(heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

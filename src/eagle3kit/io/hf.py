@@ -278,8 +278,14 @@ def load_target(ckpt: TargetCheckpoint, mesh: Mesh, dtype: Any = jnp.bfloat16) -
                          f"this config, e.g. {extra[0]!r}", path=ckpt.path)
     for names, transform, info, _, stacked, per_expert in plans:
         _check_shapes(src, names, transform, cfg, info, stacked, per_expert, ckpt.path)
-    out = [_load_one(src, names, transform, cfg, info, sharding, stacked, per_expert, ckpt.path)
-           for names, transform, info, sharding, stacked, per_expert in plans]
+    if getattr(src, "on_device", lambda: False)():
+        # a GGUF: its stored bytes go to the devices, dequantised and laid out there
+        out = src.load_weights([(names, transform, cfg, info.dtype, sharding, stacked)
+                                for names, transform, info, sharding, stacked, _ in plans])
+    else:
+        out = [_load_one(src, names, transform, cfg, info, sharding, stacked, per_expert,
+                         ckpt.path)
+               for names, transform, info, sharding, stacked, per_expert in plans]
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
