@@ -168,16 +168,59 @@ def test_real_gemma3_tensors_exact():
     assert {"Q4_K", "Q6_K", "Q5_0", "Q8_0"} <= types
 
 
+def _tiny_llama(path):
+    """A 3-layer Llama GGUF of random blocks, its layers' types mixed as Q4_K_M mixes them."""
+    rng = np.random.default_rng(1)
+    w = GGUFWriter(path, "llama")
+    w.add_block_count(3)
+    w.add_embedding_length(256)
+    w.add_feed_forward_length(512)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_context_length(64)
+    T = GGMLQuantizationType
+
+    def add(name, rows, cols, qtype):
+        if qtype == T.F32:
+            w.add_tensor(name, rng.standard_normal(cols).astype(np.float32))
+        else:
+            data, _ = _blocks(qtype, rows * cols // (8 * q.BLOCKS[qtype][0]), rng)
+            w.add_tensor(name, data.reshape(rows, -1), raw_dtype=qtype)
+
+    add("token_embd.weight", 32, 256, T.Q5_0)
+    add("output_norm.weight", 1, 256, T.F32)
+    add("output.weight", 32, 256, T.Q8_0)
+    for i, (big, small) in enumerate([(T.Q6_K, T.Q4_K), (T.Q4_K, T.Q5_K), (T.Q6_K, T.Q4_1)]):
+        for name, rows, cols, qtype in [("attn_q", 256, 256, small), ("attn_k", 128, 256, big),
+                                        ("attn_v", 128, 256, big), ("attn_output", 256, 256, small),
+                                        ("ffn_gate", 512, 256, small), ("ffn_up", 512, 256, small),
+                                        ("ffn_down", 256, 512, big)]:
+            add(f"blk.{i}.{name}.weight", rows, cols, qtype)
+        add(f"blk.{i}.attn_norm.weight", 1, 256, T.F32)
+        add(f"blk.{i}.ffn_norm.weight", 1, 256, T.F32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 @pytest.mark.parametrize("model,dtype", [
-    ("smollm2", "float32"), ("smollm2", "bfloat16"),
+    ("tiny", "float32"), pytest.param("tiny", "bfloat16", marks=pytest.mark.slow),
+    pytest.param("smollm2", "float32", marks=pytest.mark.slow),
     # Q4_K_M: some layers' tensors Q6_K, the others' Q4_K (batches joined in layer order)
     pytest.param("gemma3", "float32", marks=pytest.mark.slow),
     pytest.param("gemma3", "bfloat16", marks=pytest.mark.slow)])
-def test_load_target_on_device_is_the_host_load(monkeypatch, model, dtype):
+def test_load_target_on_device_is_the_host_load(tmp_path, monkeypatch, model, dtype):
     """Every weight as `load_target` lays it out: from the stored bytes on the device, equal
     to dequantising by the `gguf` package on the host (float32 exact, bf16 the same rounding)."""
-    ckpt = resolve_target(assets.smollm2_gguf() if model == "smollm2" else assets.gemma3_gguf())
-    mesh = make_mesh()
+    path = {"tiny": lambda: _tiny_llama(tmp_path / "tiny.gguf"), "smollm2": assets.smollm2_gguf,
+            "gemma3": assets.gemma3_gguf}[model]()
+    ckpt = resolve_target(path)
+    assert ckpt.source.on_device()
+    # the tiny model on the tests' 8 devices; a real one on one (8 replicas twice is too much)
+    mesh = make_mesh() if model == "tiny" else make_mesh(devices=jax.devices()[:1])
     ours = load_target(ckpt, mesh, jnp.dtype(dtype))
     monkeypatch.setattr(GGUFCheckpoint, "on_device", lambda self: False)
     ref = load_target(ckpt, mesh, jnp.dtype(dtype))

@@ -363,10 +363,10 @@ class GGUFCheckpoint:
     def load_weights(self, plans: list[tuple]) -> list:
         """The loader's weights, one per plan (names, transform, cfg, dtype, sharding,
         stacked): the tensors `names` (one per layer when stacked) dequantised, fixed as `get`
-        fixes them, transformed, stacked and cast in one program on the devices of `sharding`,
-        the stored bytes sent to every device of its mesh. The programs are compiled in
-        threads first (XLA compiles outside the GIL), then run one at a time, so one weight's
-        intermediates are on the devices at once."""
+        fixes them, transformed, stacked and cast in one program on one device of `sharding`,
+        then sent to `sharding`. The programs are compiled in threads first (XLA compiles
+        outside the GIL), then run one at a time, so one weight's intermediates are on the
+        device at once."""
         import jax
 
         jobs = []
@@ -383,8 +383,8 @@ class GGUFCheckpoint:
         with ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1) or 1) as pool:
             programs = list(pool.map(lambda job: gguf_quants.compiled(*job[0]), jobs))
         # one copy of the quantised bytes on the host (a fraction of the weight's size)
-        return [program(*(np.stack(b) for b in batches))
-                for program, (_, batches) in zip(programs, jobs, strict=True)]
+        return [jax.device_put(program(*(np.stack(b) for b in batches)), job[5])
+                for program, (job, batches) in zip(programs, jobs, strict=True)]
 
     def device_tensor(self, name: str):
         """`get(name)` computed on the default device (float32, equal to `get`)."""

@@ -181,7 +181,7 @@ def weight_program(specs: tuple, transform, cfg, dtype: np.dtype, stacked: bool,
     """One program per weight, taking the stored bytes of the layers alike (type, shape, fix)
     stacked, one batch each (see `alike`): traced once per batch, not per layer, which keeps
     tracing and compiling short."""
-    from jax.sharding import NamedSharding, PartitionSpec
+    from jax.sharding import SingleDeviceSharding
 
     groups = alike(specs)
     order = np.argsort(np.concatenate(list(groups.values())))  # batches' rows -> layers
@@ -196,15 +196,17 @@ def weight_program(specs: tuple, transform, cfg, dtype: np.dtype, stacked: bool,
                for spec, batch in zip(groups, batches, strict=True)]
         return out[0] if len(out) == 1 else jnp.concatenate(out)[order]
 
-    replicated = NamedSharding(sharding.mesh, PartitionSpec()) \
-        if isinstance(sharding, NamedSharding) else None
-    return jax.jit(build, in_shardings=replicated, out_shardings=sharding)
+    # on one device of the mesh (then sent to `sharding`): XLA does not split dequantisation
+    # by the output's sharding, so a replicated program would dequantise it on every device
+    first = SingleDeviceSharding(min(sharding.device_set, key=lambda d: d.id))
+    return jax.jit(build, in_shardings=first, out_shardings=first)
 
 
 @functools.lru_cache(maxsize=256)
 def compiled(specs: tuple, transform, cfg, dtype: np.dtype, stacked: bool, sharding,
              shapes: tuple):
-    """`weight_program` compiled for its batches' `shapes` (jax.ShapeDtypeStruct)."""
+    """`weight_program` compiled for its batches' `shapes` (jax.ShapeDtypeStruct); the
+    weight it makes is on one device of `sharding`'s."""
     return weight_program(specs, transform, cfg, dtype, stacked, sharding).lower(
         *shapes).compile()
 
