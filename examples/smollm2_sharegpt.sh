@@ -118,15 +118,12 @@ $E3K eval --target "$TARGET" --draft "$OUT/run/final" --prompts mt-bench --steps
   --plot "$OUT/acceptance.png" --json > "$OUT/eval-mtbench.json"
 
 # 4. export for the serving engines (the model card is written by `eagle3kit push --dry-run`).
-#    SGLang's format cannot carry EAGLE-3.1's post-norm state (docs/serving.md): an eagle3.1
-#    draft is exported for vLLM only, and its card goes with that export.
-CARD_DIR=$OUT/export/speculators
-if [ "$ARCH" != eagle3.1 ]; then
-  $E3K convert "$OUT/run/final" --to sglang -o "$OUT/export/sglang" --force --target-name "$TARGET_NAME"
-  CARD_DIR=$OUT/export/sglang
-else
-  echo "ARCH=eagle3.1: no SGLang export (SGLang reads EAGLE-3.1's fc norms alone: ARCH=eagle3.1-fc)" >&2
-fi
+#    Both engines take every --arch (docs/serving.md). An eagle3.1 draft's card goes with the
+#    speculators export: the SGLang export's card also offers vLLM that SGLang-format repo,
+#    and vLLM's reading of norm_output from it is not what eagle3kit's tests check.
+$E3K convert "$OUT/run/final" --to sglang -o "$OUT/export/sglang" --force --target-name "$TARGET_NAME"
+CARD_DIR=$OUT/export/sglang
+if [ "$ARCH" = eagle3.1 ]; then CARD_DIR=$OUT/export/speculators; fi
 $E3K convert "$OUT/run/final" --to speculators -o "$OUT/export/speculators" --force \
   --target-name "$TARGET_NAME" --speculative-tokens "$TTT"
 $E3K push "$CARD_DIR" --repo-id "$REPO_ID" --dry-run \

@@ -31,8 +31,9 @@ class EngineDraft:
 
     def __init__(self, cfg: transformers.LlamaConfig, params: dict[str, torch.Tensor],
                  draft_to_target: torch.Tensor, captures: list[int],
-                 norm_before_residual: bool, target_hidden: int):
+                 norm_before_residual: bool, target_hidden: int, norm_output: bool = False):
         self.cfg, self.p, self.captures = cfg, params, captures
+        self.norm_output = norm_output
         self.draft_to_target = draft_to_target
         self.norm_before_residual = norm_before_residual
         self.target_hidden = target_hidden
@@ -47,10 +48,13 @@ class EngineDraft:
         return torch.cat(picked, dim=-1)
 
     def step(self, embeds, hidden, positions):
-        """One draft step -> (logits over the target vocab (-inf off the draft vocab),
-        pre-norm hidden for the next step)."""
+        """One draft step -> (logits over the target vocab (-inf off the draft vocab), the
+        hidden for the next step: pre-norm, or the normed one with `norm_output`)."""
         p, c, eps = self.p, self.cfg, self.cfg.rms_norm_eps
         if hidden.shape[-1] != c.hidden_size:
+            if "fc_norm" in p:  # EAGLE-3.1: an RMSNorm per captured chunk before fc
+                chunks = hidden.chunk(len(p["fc_norm"]), -1)
+                hidden = torch.cat([_rms(x, w, eps) for x, w in zip(chunks, p["fc_norm"], strict=True)], -1)
             hidden = hidden @ p["fc"].T
         if self.norm_before_residual:
             hn = _rms(hidden, p["hidden_norm"], eps)
@@ -77,10 +81,11 @@ class EngineDraft:
         m = _rms(h, p["post_attention_layernorm"], eps)
         gate, up = (m @ p["gate_up"].T).chunk(2, -1)
         h = h + (torch.nn.functional.silu(gate) * up) @ p["down_proj"].T
-        logits = _rms(h, p["norm"], eps) @ p["lm_head"].T
+        normed = _rms(h, p["norm"], eps)
+        logits = normed @ p["lm_head"].T
         full = logits.new_full((b, t, c.vocab_size), float("-inf"))
         full[..., self.draft_to_target] = logits
-        return full, h
+        return full, normed if self.norm_output else h
 
 
 def _fuse(tensors: dict[str, torch.Tensor], layer: str) -> tuple[dict, set[str]]:
@@ -125,6 +130,11 @@ def load_sglang(directory: Path, target_layers: int) -> EngineDraft:
     assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
     hot = tensors["d2t"] + torch.arange(tensors["d2t"].shape[0])
     p, used = _fuse(tensors, "midlayer.")
+    # EAGLE-3.1 as SGLang 0.5.23 reads it: the flags at the config's top level
+    if raw.get("fc_norm") or raw.get("use_aux_norm"):
+        names = [f"fc_norm.{i}.weight" for i in range(3)]
+        p["fc_norm"] = [tensors[n].float() for n in names]
+        used |= set(names)
     # SGLang silently skips names it has no parameter for: each one would stay random
     unknown = set(tensors) - used - {"d2t", "t2d"}
     assert not unknown, f"SGLang would ignore {unknown}"
@@ -135,7 +145,8 @@ def load_sglang(directory: Path, target_layers: int) -> EngineDraft:
     n = target_layers
     captures = [i + 1 for i in ids] if ids else [2, n // 2, n - 3]  # set_eagle3_layers_to_capture
     # SGLang's midlayer always keeps the un-normed hidden state as the residual
-    return EngineDraft(cfg, p, hot, captures, False, target_hidden)
+    return EngineDraft(cfg, p, hot, captures, False, target_hidden,
+                       norm_output=bool(raw.get("norm_output", False)))
 
 
 def load_vllm(directory: Path, target_layers: int) -> EngineDraft:

@@ -24,10 +24,12 @@ from tests.formats.helpers import (
 )
 
 
-@pytest.mark.parametrize("aux", [None, (5, 1, 3)], ids=["default-layers",
-                                                      "custom-unordered-layers"])
-def test_sglang_runs_the_draft_eagle3kit_trained(target, tokens, tmp_path, aux):
-    d = make_draft(target, aux_layer_ids=aux)
+@pytest.mark.parametrize("aux,arch", [(None, "eagle3"), ((5, 1, 3), "eagle3"),
+                                      (None, "eagle3.1"), (None, "eagle3.1-fc")],
+                         ids=["default-layers", "custom-unordered-layers", "eagle3.1",
+                              "eagle3.1-fc"])
+def test_sglang_runs_the_draft_eagle3kit_trained(target, tokens, tmp_path, aux, arch):
+    d = make_draft(target, aux_layer_ids=aux, arch=arch)
     out = export_draft(d, "sglang", tmp_path / "sg", dtype="float32")
     engine = engines.load_sglang(out, target.num_layers)
     assert_same_logits(engine_logits(engine, target, tokens), jax_logits(d, target, tokens))
@@ -83,6 +85,10 @@ def test_config_fields(target, tmp_path):
     assert cfg["head_dim"] == 8 and cfg["target_hidden_size"] == 32
     assert cfg["norm_before_residual"] is False and cfg["torch_dtype"] == "bfloat16"
     assert "eagle_config" not in cfg  # default layers: every reader agrees without it
+    assert "fc_norm" not in cfg and "norm_output" not in cfg  # EAGLE3: as before EAGLE-3.1
+    cfg = json.loads((export_draft(make_draft(target, arch="eagle3.1"), "sglang",
+                                   tmp_path / "v31") / "config.json").read_text())
+    assert cfg["fc_norm"] is True and cfg["norm_output"] is True  # SGLang's top-level keys
     custom = make_draft(target, aux_layer_ids=(1, 3, 4))
     cfg = json.loads((export_draft(custom, "sglang", tmp_path / "b") / "config.json")
                      .read_text())
@@ -90,9 +96,11 @@ def test_config_fields(target, tmp_path):
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 3]
 
 
-@pytest.mark.parametrize("fmt", ["sglang", "speculators"])
-def test_round_trip_is_bit_exact(target, tmp_path, fmt):
-    d = make_draft(target, aux_layer_ids=(2, 3, 5), training={"epochs": 3, "lr": 3e-4})
+@pytest.mark.parametrize("fmt,arch", [("sglang", "eagle3"), ("speculators", "eagle3"),
+                                      ("sglang", "eagle3.1"), ("sglang", "eagle3.1-fc")])
+def test_round_trip_is_bit_exact(target, tmp_path, fmt, arch):
+    d = make_draft(target, aux_layer_ids=(2, 3, 5), training={"epochs": 3, "lr": 3e-4},
+                   arch=arch)
     back = load_any_draft(export_draft(d, fmt, tmp_path / "x", dtype="float32"))
     assert back.config == d.config and back.target_name == d.target_name
     assert back.target_config == d.target_config and back.training == d.training
@@ -180,6 +188,51 @@ def test_import_refuses_what_it_cannot_run(target, tmp_path):
         with pytest.raises(InputError, match=message):
             load_any_draft(out, target=str(target.directory))
         (out / "config.json").write_text(json.dumps(cfg))
+
+
+def test_import_reads_every_spelling_sglang_loads(target, tmp_path):
+    """SGLang's load_weights also takes a `model.` prefix, `layers.0.` and the legacy
+    `aux_norm_low/mid/high` names (with the legacy `use_aux_norm` flag): the same draft."""
+    d = make_draft(target, arch="eagle3.1", seed=6)
+    out = export_draft(d, "sglang", tmp_path / "e", dtype="float32")
+    (out / "eagle3kit.json").unlink()
+    tensors, meta = st.load(out / "model.safetensors")
+    legacy = {"fc_norm.0.": "aux_norm_low.", "fc_norm.1.": "aux_norm_mid.",
+              "fc_norm.2.": "aux_norm_high.", "midlayer.": "model.layers.0."}
+    renamed = {}
+    for name, value in tensors.items():
+        new = next((name.replace(a, b) for a, b in legacy.items() if name.startswith(a)),
+                   "model." + name if name == "fc.weight" else name)
+        renamed[new] = value
+    assert "aux_norm_mid.weight" in renamed and "model.fc.weight" in renamed
+    st.save(out / "model.safetensors", renamed, meta)
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["fc_norm"]
+    (out / "config.json").write_text(json.dumps({**cfg, "use_aux_norm": True}))
+    back = load_any_draft(out, target=str(target.directory))
+    assert back.config == d.config and back.config.arch == "eagle3.1"
+    for f in draft_arrays(d.weights):
+        assert np.array_equal(getattr(back.weights, f), getattr(d.weights, f)), f
+    st.save(out / "model.safetensors", {**renamed, "fc_norm.1.weight": tensors[
+        "fc_norm.1.weight"]}, meta)
+    with pytest.raises(InputError, match="'fc_norm.1.weight' appears twice"):
+        load_any_draft(out, target=str(target.directory))
+
+
+def test_import_reads_norm_output_as_sglang_does(target, tmp_path):
+    # SGLang 0.5.23: false (its default) carries the pre-norm state, the standard EAGLE3
+    d, out = _foreign(target, tmp_path, norm_output=False)
+    assert load_any_draft(out, target=str(target.directory)).config == d.config
+    # true alone: the post-norm state carried, without fc norms
+    _, out = _foreign(target, tmp_path / "n", norm_output=True)
+    assert load_any_draft(out, target=str(target.directory)).config.arch == "eagle3+norm_output"
+    # fc norm tensors without the flag: SGLang would skip them silently, eagle3kit refuses
+    d = make_draft(target, arch="eagle3.1")
+    out = export_draft(d, "sglang", tmp_path / "f", dtype="float32")
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "fc_norm": False}))
+    with pytest.raises(InputError, match="do not belong"):
+        load_any_draft(out)
 
 
 def test_sglang_ids_helpers():

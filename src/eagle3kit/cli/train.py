@@ -87,8 +87,8 @@ def train(
                                           "(default 2,N//2,N-3)."),
     arch: str = typer.Option(D.arch, help="Draft architecture: eagle3; eagle3.1 (an RMSNorm "
                              "per captured state before fc, and the post-norm state carried "
-                             "to the next step; vLLM/speculators); eagle3.1-fc (the fc norms "
-                             "only, which SGLang's format can express)."),
+                             "to the next step); eagle3.1-fc (the fc norms only). SGLang and "
+                             "vLLM serve all three (docs/serving.md)."),
     init_from: str | None = typer.Option(None, help="Start from a draft (eagle3kit, SGLang "
                                          "or speculators format, directory or Hub id)."),
     resume: bool = typer.Option(False, help="Continue the run in --out from its last "

@@ -368,7 +368,7 @@ _FAMILY_FIELDS = {"llama": _dense_fields, "qwen2": _dense_fields, "qwen3": _dens
 
 
 # Draft architectures (`train --arch`) by name -> the EAGLE-3.1 changes each has. eagle3.1-fc
-# is the part of 3.1 that SGLang's (SpecForge's) midlayer format can express.
+# is 3.1's fc norms alone (the carried state stays pre-norm, as in EAGLE3).
 ARCHES = {"eagle3": (), "eagle3.1": ("fc_norm", "norm_output"), "eagle3.1-fc": ("fc_norm",)}
 
 

@@ -12,13 +12,15 @@ ids are hidden_states indices. With the default layers the field is omitted, so 
 SGLang's midlayer always adds the un-normed fused state as the residual, so drafts with
 `norm_before_residual` cannot be expressed here.
 
-EAGLE-3.1 as SpecForge's `LlamaForCausalLMEagle3` reads it: `fc_norm: true` and the tensors
-`fc_norm.{0,1,2}.weight` (an RMSNorm per captured state before fc). SpecForge's own
-`norm_output` flag means something else (false drops the final norm before the lm_head), so
-3.1's post-norm state carried to the next step cannot be written here: `eagle3.1` drafts are
-refused (export them --to speculators for vLLM), `eagle3.1-fc` drafts are written, and the
-flag is left out (SpecForge's default, true, is the standard head; vLLM's default, false, is
-the standard recurrence), so no reader misreads it.
+EAGLE-3.1 as SGLang 0.5.23's `llama_eagle3.py` reads it: `fc_norm: true` and the tensors
+`fc_norm.{0,1,2}.weight` (an RMSNorm per captured state before fc; SGLang also takes them as
+`model.fc_norm.{i}` or its legacy `aux_norm_low/mid/high`, and the flag as `use_aux_norm`), and
+`norm_output: true` (the normed state, the one the lm_head reads, is carried to the next step;
+false or absent carries the pre-norm state, the standard EAGLE3 recurrence). speculators and
+vLLM read `norm_output` in the same sense. `norm_output` is written only when true: SpecForge
+0.2.0's training code read the flag in another sense (false dropped the final norm before the
+lm_head), so an absent flag is the standard head for every reader. SGLang's `load_weights`
+silently skips a tensor it has no parameter for, so the names here are SGLang's exactly.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def config(draft: Draft, target: TargetConfig, dtype: str) -> dict[str, Any]:
     }
     if cfg.fc_norm:
         fields["fc_norm"] = True
+    if cfg.norm_output:
+        fields["norm_output"] = True
     if cfg.aux_layer_ids != target.default_aux_layer_ids():
         fields["eagle_config"] = {
             "eagle_aux_hidden_state_layer_ids": to_sglang_ids(cfg.aux_layer_ids),
@@ -78,11 +82,6 @@ def write(directory: Path, draft: Draft, dtype: str) -> dict[str, Any]:
         raise MismatchError("this draft uses norm_before_residual (residual = normed hidden), "
                             "which SGLang's midlayer cannot express; export it with "
                             "--to speculators and serve it with vLLM")
-    if draft.config.norm_output:
-        raise MismatchError(f"this is an {draft.config.arch} draft: it carries the post-norm "
-                            "state to the next step (norm_output), which SGLang's (SpecForge's) "
-                            "midlayer format cannot express; export it with --to speculators "
-                            "and serve it with vLLM, or train with --arch eagle3.1-fc for SGLang")
     fields = config(draft, target, dtype)
     if "eagle_config" in fields:
         common.log.warning(
@@ -122,6 +121,26 @@ def aux_layer_ids(config_dict: dict[str, Any], target: dict[str, Any],
     return common.default_aux_ids(target, where)
 
 
+# SGLang's load_weights renames these (substring replace) before matching its parameters
+_LEGACY = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.",
+           "aux_norm_high.": "fc_norm.2.", "layers.0.": LAYER}
+
+
+def canonical_names(tensors: dict[str, Any], where: object) -> dict[str, Any]:
+    """The tensors under the names written here, from any spelling SGLang's `load_weights`
+    accepts: a `model.` prefix, `layers.0.` for `midlayer.`, legacy `aux_norm_low/mid/high`."""
+    out: dict[str, Any] = {}
+    for name, value in tensors.items():
+        new = name.removeprefix("model.")
+        for old, repl in _LEGACY.items():
+            if new.startswith(old):
+                new = repl + new[len(old):]
+        if new in out:
+            raise InputError(f"tensor {new!r} appears twice (as {name!r} too)", path=where)
+        out[new] = value
+    return out
+
+
 def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
          target: dict[str, Any]):
     """(DraftConfig, DraftWeights, VocabMap) of a midlayer checkpoint for `target`."""
@@ -129,13 +148,11 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
     if config_dict.get("tie_word_embeddings"):
         raise InputError("tie_word_embeddings: true makes SGLang use the embedding as the "
                          "head; this checkpoint is not a standard EAGLE3 draft", path=where)
-    flags = {**(config_dict.get("eagle_config") or {}), **config_dict}
-    if flags.get("norm_before_fc"):
+    eagle = config_dict.get("eagle_config") or {}
+    if eagle.get("norm_before_fc", config_dict.get("norm_before_fc")):
         raise InputError("norm_before_fc: true (one norm over the concatenated states) is not "
                          "supported by eagle3kit's draft head", path=where)
-    if flags.get("norm_output", True) is False:  # SpecForge: no final norm before the head
-        raise InputError("norm_output: false (no final norm before the lm_head) is not "
-                         "supported by eagle3kit's draft head", path=where)
+    tensors = canonical_names(tensors, directory)
     lm_head = tensors.get("lm_head.weight")
     if lm_head is None:
         raise InputError("missing tensor 'lm_head.weight' (a head that borrows the target's "
@@ -146,7 +163,9 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
         or lm_head.shape[0], target_hidden_size=common.fc_width(config_dict, tensors, len(ids)),
         aux_layer_ids=ids,
         norm_before_residual=bool(config_dict.get("norm_before_residual", False)),
-        fc_norm=bool(flags.get("fc_norm", False)))
+        # read where and as SGLang reads them: top-level flags, norm_output false by default
+        fc_norm=bool(config_dict.get("fc_norm") or config_dict.get("use_aux_norm")),
+        norm_output=bool(config_dict.get("norm_output", False)))
     weights, vocab = common.read_weights(tensors, common.with_fc_norms(KEY_TABLE, cfg),
                                          IGNORED, cfg, directory)
     return cfg, weights, vocab
