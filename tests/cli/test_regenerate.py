@@ -9,6 +9,7 @@ import collections
 import re
 import signal
 import time
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,7 @@ from eagle3kit.core.target import unstack_in_place
 from eagle3kit.data.chat import prompt_ids
 from eagle3kit.data.records import ChatRecord, Message, RegeneratedRecord, encode
 from eagle3kit.decode.conversations import plan
-from eagle3kit.decode.engine import Engine, EngineConfig, Request
+from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets, warm_cli
 from tests.cli.chat_server import ChatServer
@@ -501,6 +502,25 @@ def test_samples_are_distinct_answers_with_traceable_ids_and_reproducible_seeds(
         for k, s in enumerate(group):
             assert [t.seed for t in s.generation.turns] == [
                 request_seed(x.id, 0, j, k) for j in range(len(s.generation.turns))]
+    # ... and that one answer is the single-answer stream runs have always drawn from: each
+    # turn's seed a hash of the input id, its occurrence and the turn alone (so a file
+    # regenerated with one sample stays what it was, and --samples N extends it), the first
+    # answer the engine's for that seed in the CLI's shape (its programs)
+    x, occurrence = one[0], 0
+    assert [t.seed for t in x.generation.turns] == [
+        zlib.crc32(f"{x.id}\0{occurrence}\0{j}".encode())
+        for j in range(len(x.generation.turns))]
+    tok, ckpt = assets.smollm2_tokenizer(), resolve_target(target)
+    mesh = make_mesh("data=1,tensor=1", jax.devices()[:1])
+    engine = Engine(ckpt.config, unstack_in_place(load_target(ckpt, mesh, jnp.float32),
+                                                  ckpt.config),
+                    mesh, [tok.eos_token_id], EngineConfig(
+                        rows=4, max_context=256, sampling=Sampling(0.9)))
+    at = next(i for i, m in enumerate(x.messages) if m.role == "assistant")
+    got = engine.generate([Request(0, prompt_ids(tok, x.messages[:at]), 12,
+                                   x.generation.turns[0].seed)])[0]
+    assert x.messages[at].content == tok.decode(
+        [t for t in got.tokens if t != tok.eos_token_id], skip_special_tokens=True)
 
 
 def test_shards_and_resume_with_samples_give_the_unsharded_run(target, chats, tmp_path):

@@ -136,6 +136,45 @@ def test_cached_decoding_matches_full_forward(tmp_path):
     assert_close(aux, full.aux_BxTxA, "cached aux")
 
 
+def test_padding_of_ragged_rows_writes_nowhere(tmp_path):
+    """Prefill pieces of several rows at once (`rows_B`, the engine's prefill): a row's piece
+    padded past the cache's last slot, and a padding row with the out-of-range index C
+    (no request), must write nothing. Were their keys clipped into the last slot or the
+    last row, they would land on real keys and change what the real tokens read: every
+    real token's output must stay the full forward's of its own sequence."""
+    assets.tiny_hf_model("llama", tmp_path)
+    ckpt = resolve_target(tmp_path)
+    cfg = ckpt.config
+    w = load_target(ckpt, make_mesh("data=1", jax.devices()[:1]), jnp.float32)
+    layers = target.unstack(w, cfg)
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(1, cfg.vocab_size, n) for n in (20, 14)]  # cache rows 0 and 2
+    s, t, c = 20, 8, 3  # slots per row, piece length, cache rows
+    step = jax.jit(lambda tok, pos, rows, cache, prefill: target.forward_rows(
+        layers, cfg, tok, pos, cache, rows_B=rows, prefill=prefill,
+        window=0 if prefill else s), static_argnums=4)
+    cache = target.RowCache.zeros(cfg, c, s, jnp.float32)
+    first = np.zeros((2, 16), np.int32)
+    first[0], first[1, :10] = seqs[0][:16], seqs[1][:10]  # row 2: a 10-token piece, padded
+    out1, cache = step(jnp.asarray(first), jnp.arange(16)[None].repeat(2, 0),
+                       jnp.asarray([0, 2]), cache, True)
+    # the second pieces: row 0's 4 last tokens at slots 16..19, padded to 8 (slots 20..23:
+    # past the end), row 2's 4 at slots 10..13, and a padding row (index C) at slots 0..7
+    piece = np.zeros((3, t), np.int32)
+    piece[0, :4], piece[1, :4] = seqs[0][16:], seqs[1][10:]
+    piece[2] = rng.integers(1, cfg.vocab_size, t)
+    pos = np.asarray([16, 10, 0])[:, None] + np.arange(t)[None]
+    out2, cache = step(jnp.asarray(piece), jnp.asarray(pos), jnp.asarray([0, 2, c]), cache,
+                       False)
+    both = np.zeros((2, 20), np.int32)  # row 2's sequence padded after its end (causal)
+    both[0], both[1, :14] = seqs
+    full = jax.jit(lambda t: target.forward(w, cfg, t).hidden_BxTxD)(jnp.asarray(both))
+    for b, (seq, cut) in enumerate(zip(seqs, (16, 10), strict=True)):
+        got = np.concatenate([out1.hidden_BxTxD[b, :cut], out2.hidden_BxTxD[b, :len(seq) - cut]])
+        assert_close(got, full[b, :len(seq)], f"row {(0, 2)[b]}: a real token read a padding key")
+    assert not np.asarray(cache.k[0][1]).any(), "row 1 (no request) was written"
+
+
 def test_steps_of_every_row_slice_the_cache_window_not_gather_it(tmp_path):
     """A decode or verify step (every cache row, in order) reads each layer's window with a
     slice; only a subset of rows (a prefill piece) gathers it. On GPUs the gathered window

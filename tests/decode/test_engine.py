@@ -10,6 +10,8 @@ within a few tokens.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import re
 
 import jax
@@ -132,6 +134,23 @@ def test_programs_that_check_every_four_steps_give_the_same_tokens(llama):
     with pytest.raises(ValueError, match="check_every 3: a divisor of sync_every"):
         Engine(ckpt.config, w, mesh, [], EngineConfig(rows=6, max_context=256, sync_every=8,
                                                       check_every=3))
+
+
+def test_a_row_the_device_ended_but_the_host_waits_on_is_an_error_not_a_hang(llama):
+    """The host retires a row when the tokens it collected end it, and the device ends the
+    row by the same rule. Should the two disagree (a wrong step index inside a multi-step
+    program loses tokens, so the device counts a row finished that the host does not), the
+    engine says so at the next program: it used to loop forever on a row no program would
+    advance again. (The shapes of test_greedy_equals_transformers_generate.)"""
+    family, model, ckpt, w, mesh, prompts = llama
+    engine = Engine(ckpt.config, w, mesh, [], EngineConfig(rows=4, max_context=256,
+                                                           sync_every=8, prefill_chunk=32))
+    queue = collections.deque([Request(0, prompts[0], NEW)])
+    assert engine.step(queue) == [] and engine.busy  # a prefill and a program of 8 steps
+    assert engine.device_steps == 8
+    engine.state = dataclasses.replace(engine.state, active=jnp.zeros_like(engine.state.active))
+    with pytest.raises(RuntimeError, match=r"rows \[0\] emitted no token .* disagree"):
+        engine.step(queue)  # (one program: `generate` would loop on it)
 
 
 def test_prefill_programs_have_the_same_rows_however_many_prompts_arrive(llama):

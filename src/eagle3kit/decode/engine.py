@@ -533,8 +533,15 @@ class Engine:
         out = np.asarray(out)
         live = [i for i, row in enumerate(self.rows) if row is not None
                 and row.remaining_prompt == 0]
-        return self._emit_rows({i: [int(x) for x in out[i].reshape(-1) if x >= 0]
-                                for i in live},
+        new = {i: [int(x) for x in out[i].reshape(-1) if x >= 0] for i in live}
+        # every row the host holds live is live on the device, so its first step emits a
+        # token; a row without one means the two disagree, and waiting on it would loop forever
+        idle = [i for i in live if not new[i]]
+        if idle:
+            raise RuntimeError(f"engine: rows {idle} emitted no token in a program of {int(ran)} "
+                               "steps though the host holds them live (the device's row "
+                               "state and the host's disagree)")
+        return self._emit_rows(new,
                                {} if accepted is None else
                                {i: [int(a) for a in accepted[i] if a >= 0] for i in live})
 
