@@ -433,8 +433,10 @@ def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int], stop: Pree
     cfg = runner.cfg
 
     def request(w: Work, ids: list[int]) -> Request:
+        # share: a turn starts from the keys its conversation's rows hold (the last turn's
+        # row, a sibling sample's first prompt) instead of prefilling them again
         return Request((w, ids), ids, min(cfg.max_new_tokens, cfg.max_context - len(ids)),
-                       w.seed(len(w.dialogue.turns)))
+                       w.seed(len(w.dialogue.turns)), share=(w.record.id, w.occurrence))
 
     def answered(w: Work, ids: list[int], c) -> None:
         runner.answered(w, conv.answer_text(tokenizer, c.tokens, stop_ids), len(ids),
