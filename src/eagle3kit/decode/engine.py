@@ -10,7 +10,10 @@ pending request at once. Programs are compiled once per shape:
               forward writes their keys and samples each one's first token (speculative:
               and captures the states the draft's step-0 entries of the prompt are made
               of). Prompts longer than `prefill_chunk` go in pieces that read the keys
-              written before.
+              written before. A request that shares a key with rows holding a prefix of
+              its prompt (`Request.share`, decode/prefixes.py: a conversation's next turn,
+              a sample of the same prompt) starts after that prefix, its row kept or copied
+              (`_copy_rows`) instead of prefilled again.
     step      up to `sync_every` device steps of all C rows in one program (a while loop):
               plain, each step feeds every row its newest token and samples the next;
               speculative (`speculation`, decode/speculative.py), each step drafts a chain
@@ -47,6 +50,7 @@ import dataclasses
 import functools
 import os
 import re
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -307,6 +311,21 @@ def _verify(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
     return cache, dcache, state, tokens, accepted, ran
 
 
+@functools.cache
+def _allocators(mesh: Mesh) -> Any:
+    """Jitted zeros of the target cache, the row state and the draft cache on `mesh`, shared
+    by every engine of the process (one made per engine compiled its zeros once per engine:
+    an eval builds one per batch size and drafting shape)."""
+    rows = NamedSharding(mesh, spec_for(("batch",)))  # rows split, the rest whole
+    return types.SimpleNamespace(
+        cache=jax.jit(target.RowCache.zeros, static_argnums=(0, 1, 2, 3),
+                      out_shardings=NamedSharding(mesh, spec_for(("batch", None, "act_heads",
+                                                                  None)))),
+        state=jax.jit(RowState.empty, static_argnums=(0, 1, 2), out_shardings=rows),
+        draft=jax.jit(draft_cache.DraftKV.zeros, static_argnums=(0, 1, 2, 3),
+                      out_shardings=rows))
+
+
 @functools.partial(jax.jit, donate_argnums=0)
 def _copy_rows(cache: target.RowCache, src_P, dst_P) -> target.RowCache:
     """Cache row src_P[p] copied whole into row dst_P[p] (C: padding, dropped)."""
@@ -390,27 +409,17 @@ class Engine:
         self.reused_tokens = 0  # prompt tokens a row held already (Request.share)
         self.prefill_batch = prefill_batch(cfg.rows, batch_ways(mesh))
         dtype = self.w.embed.dtype
-        cache_spec = NamedSharding(mesh, spec_for(("batch", None, "act_heads", None)))
-        draft_spec = NamedSharding(mesh, spec_for(("batch", None, None, None)))
         self.memory = memory_estimate(tcfg, cfg, dtype, spec)
         self.cache_bytes = self.memory["cache"]
         check_memory(self.memory, mesh)
-        layers = [cache_spec] * tcfg.num_layers
         draft_dtype = spec and spec.draft_w.fc.dtype
+        zeros = _allocators(mesh)
         with use_mesh(mesh):
-            self.cache = jax.jit(lambda: target.RowCache.zeros(tcfg, cfg.rows, cfg.max_context,
-                                                               dtype),
-                                 out_shardings=target.RowCache(layers, layers))()
-            hidden = spec.dcfg.hidden_size if spec else 0
-            self.state = jax.jit(
-                lambda: RowState.empty(cfg.rows, hidden, draft_dtype or jnp.float32),
-                out_shardings=jax.tree.map(
-                    lambda x: NamedSharding(mesh, spec_for(("batch",) + (None,) * (x.ndim - 1))),
-                    RowState.empty(1, hidden)))()
-            self.dcache = None if spec is None else jax.jit(
-                lambda: draft_cache.DraftKV.zeros(spec.dcfg, cfg.rows, cfg.max_context,
-                                                  draft_dtype),
-                out_shardings=draft_cache.DraftKV(draft_spec, draft_spec))()
+            self.cache = zeros.cache(tcfg, cfg.rows, cfg.max_context, dtype)
+            self.state = zeros.state(cfg.rows, spec.dcfg.hidden_size if spec else 0,
+                                     draft_dtype or jnp.float32)
+            self.dcache = None if spec is None else zeros.draft(
+                spec.dcfg, cfg.rows, cfg.max_context, draft_dtype)
         if cfg.attention not in KV_ATTENTION:
             raise ValueError(f"EngineConfig.attention {cfg.attention!r}: one of {KV_ATTENTION}")
         if cfg.attention == "pallas" and mesh.devices.size > 1:

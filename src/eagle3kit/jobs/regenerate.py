@@ -568,19 +568,6 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
                       f"{seconds:,.1f}s", soft_wrap=True)
 
 
-def compile_cache() -> None:
-    """On accelerators, keep compiled programs on disk (EAGLE3KIT_COMPILE_CACHE, default
-    ~/.cache/eagle3kit/xla): a resumed or repeated run skips the engine's compilations."""
-    import jax
-
-    if jax.default_backend() == "cpu" or jax.config.jax_compilation_cache_dir:
-        return
-    path = os.environ.get("EAGLE3KIT_COMPILE_CACHE",
-                          os.path.expanduser("~/.cache/eagle3kit/xla"))
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-
-
 def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     import jax
 
@@ -590,7 +577,7 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     from eagle3kit.decode.repetition import Repetition
     from eagle3kit.io.hf import load_target
 
-    compile_cache()
+    common.compile_cache(console.print)
     mesh = make_mesh(cfg.mesh)
     if cfg.kv_attention == "pallas" and mesh.devices.size > 1:
         raise UserError(f"--kv-attention pallas reads the cache on one device, not the "
