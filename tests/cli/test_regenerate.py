@@ -523,6 +523,34 @@ def test_samples_are_distinct_answers_with_traceable_ids_and_reproducible_seeds(
         [t for t in got.tokens if t != tok.eos_token_id], skip_special_tokens=True)
 
 
+def test_turns_and_samples_that_keep_their_rows_write_the_run_from_scratch(
+        target, chats, reference, monkeypatch):
+    """A conversation's next turn extends the row that answered the last one, and its
+    samples copy the row that prefilled their first prompt (decode/prefixes.py): the file is
+    byte for byte the one of prefilling every prompt whole (fp32), greedy and sampled."""
+    from eagle3kit.decode.prefixes import Prefixes
+
+    place, held = Prefixes.place, []
+
+    def spy(self, share, prompt, free, skip):
+        row, source, n = place(self, share, prompt, free, skip)
+        held.append((n, source is not None))
+        return row, source, n
+
+    monkeypatch.setattr(Prefixes, "place", spy)
+    args = ["--target", target, *SAMPLED, "--samples", 2, "--limit", 4]
+    sampled = regenerate(*args, input=chats.read_bytes())
+    assert sampled.exit_code == 0, sampled.output
+    assert sum(n for n, _ in held) > 0 and any(copied for _, copied in held)
+    monkeypatch.setattr(Prefixes, "place", lambda self, share, prompt, free, skip: place(
+        self, None, prompt, free, skip))  # every prompt prefilled whole
+    whole = regenerate("--target", target, *COMMON, input=chats.read_bytes())
+    assert whole.exit_code == 0, whole.output
+    assert whole.stdout_bytes == reference
+    assert regenerate(*args, input=chats.read_bytes()).stdout_bytes == sampled.stdout_bytes
+    assert len(records(sampled.stdout_bytes)) >= 6
+
+
 def test_shards_and_resume_with_samples_give_the_unsharded_run(target, chats, tmp_path):
     full = tmp_path / "full.jsonl"
     args = ["--target", target, *SAMPLED, "--samples", 2, "--limit", 5, "--turns", "first",

@@ -3,6 +3,8 @@ another target or tokenizer are refused, stop tokens, and the generation mesh.""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import shutil
 
 import jax
@@ -227,3 +229,44 @@ def test_batched_programs_check_every_eight_steps_and_one_row_every_step(tiny, t
         assert engine.cfg.check_every == (eval_batched.BATCHED_CHECK_EVERY if rows > 1 else 1)
     setup.check_every, setup.kv_attention = 2, "xla"  # decode_speed.py --check-every 2
     assert setup.engine(8, 256, dec).cfg.check_every == 2
+
+
+def test_a_run_compiles_each_program_once_though_later_turns_need_a_larger_cache(
+        tiny, tmp_path, monkeypatch):
+    """Turn 2's prompt holds turn 1's answer and needs twice turn 1's cache: every engine of
+    the run has the one cache size, so each device program compiles once a run (an engine
+    on the smallest cache each prompt fits compiled the same steps again per cache size),
+    and a second run, with new engines, compiles nothing."""
+    from eagle3kit.jobs import eval_batched
+
+    long = " ".join(["Name one more color, please."] * 40)  # turn 2 alone needs 512 slots
+    setup, answer = _one_row_eval(tiny, tmp_path, {"c": ["Name a color.", long]}, 2, 8)
+    setup = setup(tiny[3])
+    # positions for both turns (the tiny target's 256 hold one turn and its answer)
+    setup = dataclasses.replace(setup, tcfg=dataclasses.replace(setup.tcfg,
+                                                                max_position_embeddings=1024))
+    engines, compiled = [], collections.Counter()
+    make = eval_batched.Setup.engine
+    monkeypatch.setattr(eval_batched.Setup, "engine", lambda self, *a: engines.append(
+        make(self, *a)) or engines[-1])
+
+    def count(event: str, duration: float, fun_name: str = "", **_) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled[fun_name] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    jax.clear_caches()  # what other tests of this process compiled is compiled again
+    first, samples = answer(setup)
+    lengths = [len(s.prompt_ids) for s in samples]
+    assert [eval_batched.slots_for_length(n, 8, [setup.draft.dec]) for n in lengths] == [
+        256, 512]  # the smallest caches the two turns fit
+    # one speculative and one plain engine (their programs differ), on one cache
+    assert {e.cfg.max_context for e in engines} == {512} and len(engines) == 2
+    for kind in ("prefill", "decode", "verify"):
+        shapes = sum(p[0] == kind for e in engines for p in e.programs)
+        assert compiled[f"jit(_{kind})"] == shapes > 0, (kind, compiled)
+    assert first["compiled_programs"] == sum(compiled.values())
+    assert first["compile_s"] > 0 and first["untimed_s"] >= first["compile_s"]
+    compiled.clear()
+    second, _ = answer(setup)
+    assert second["compiled_programs"] == 0 and not compiled and second["compile_s"] == 0

@@ -10,7 +10,10 @@ pending request at once. Programs are compiled once per shape:
               forward writes their keys and samples each one's first token (speculative:
               and captures the states the draft's step-0 entries of the prompt are made
               of). Prompts longer than `prefill_chunk` go in pieces that read the keys
-              written before.
+              written before. A request that shares a key with rows holding a prefix of
+              its prompt (`Request.share`, decode/prefixes.py: a conversation's next turn,
+              a sample of the same prompt) starts after that prefix, its row kept or copied
+              (`_copy_rows`) instead of prefilled again.
     step      up to `sync_every` device steps of all C rows in one program (a while loop):
               plain, each step feeds every row its newest token and samples the next;
               speculative (`speculation`, decode/speculative.py), each step drafts a chain
@@ -47,6 +50,7 @@ import dataclasses
 import functools
 import os
 import re
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,6 +63,7 @@ from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import batch_ways, spec_for, use_mesh
 from eagle3kit.decode import draft_cache, speculative
+from eagle3kit.decode.prefixes import Prefixes
 from eagle3kit.decode.repetition import Detector, Repetition
 from eagle3kit.decode.sampling import Sampling, is_stop, request_keys, sample
 from eagle3kit.decode.speculative import Speculation
@@ -99,6 +104,9 @@ class Request:
     prompt: Sequence[int]
     max_new_tokens: int
     seed: int = 0  # this request's sampling stream (decode/sampling.py)
+    share: Any = None  # plain decoding: requests with the same key (not None) start from
+    # the prompt prefix one of their rows holds, kept or copied, instead of prefilling it
+    # again (decode/prefixes.py: a conversation's turns, the samples of one prompt)
 
 
 @dataclasses.dataclass
@@ -304,6 +312,30 @@ def _verify(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
 
 
 @functools.cache
+def _allocators(mesh: Mesh) -> Any:
+    """Jitted zeros of the target cache, the row state and the draft cache on `mesh`, shared
+    by every engine of the process (one made per engine compiled its zeros once per engine:
+    an eval builds one per batch size and drafting shape)."""
+    rows = NamedSharding(mesh, spec_for(("batch",)))  # rows split, the rest whole
+    return types.SimpleNamespace(
+        cache=jax.jit(target.RowCache.zeros, static_argnums=(0, 1, 2, 3),
+                      out_shardings=NamedSharding(mesh, spec_for(("batch", None, "act_heads",
+                                                                  None)))),
+        state=jax.jit(RowState.empty, static_argnums=(0, 1, 2), out_shardings=rows),
+        draft=jax.jit(draft_cache.DraftKV.zeros, static_argnums=(0, 1, 2, 3),
+                      out_shardings=rows))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _copy_rows(cache: target.RowCache, src_P, dst_P) -> target.RowCache:
+    """Cache row src_P[p] copied whole into row dst_P[p] (C: padding, dropped)."""
+    def move(x):
+        return x.at[dst_P].set(x[src_P], mode="drop")
+
+    return target.RowCache([move(k) for k in cache.k], [move(v) for v in cache.v])
+
+
+@functools.cache
 def _programs(tcfg: TargetConfig, sampling: Sampling, drafting: tuple | None, data: int,
               rows_impl: str, every: int = 1):
     """The jitted prefill and step of one target, sampling rule, drafting shape ((draft
@@ -373,29 +405,21 @@ class Engine:
         self.generated_tokens = 0
         self.device_steps = 0  # decode or verify steps run (each advances every live row)
         self.programs: set[tuple] = set()  # compiled shapes, for reporting
+        self.prefilled_tokens = 0  # prompt tokens prefilled (pieces' padding not counted)
+        self.reused_tokens = 0  # prompt tokens a row held already (Request.share)
         self.prefill_batch = prefill_batch(cfg.rows, batch_ways(mesh))
         dtype = self.w.embed.dtype
-        cache_spec = NamedSharding(mesh, spec_for(("batch", None, "act_heads", None)))
-        draft_spec = NamedSharding(mesh, spec_for(("batch", None, None, None)))
         self.memory = memory_estimate(tcfg, cfg, dtype, spec)
         self.cache_bytes = self.memory["cache"]
         check_memory(self.memory, mesh)
-        layers = [cache_spec] * tcfg.num_layers
         draft_dtype = spec and spec.draft_w.fc.dtype
+        zeros = _allocators(mesh)
         with use_mesh(mesh):
-            self.cache = jax.jit(lambda: target.RowCache.zeros(tcfg, cfg.rows, cfg.max_context,
-                                                               dtype),
-                                 out_shardings=target.RowCache(layers, layers))()
-            hidden = spec.dcfg.hidden_size if spec else 0
-            self.state = jax.jit(
-                lambda: RowState.empty(cfg.rows, hidden, draft_dtype or jnp.float32),
-                out_shardings=jax.tree.map(
-                    lambda x: NamedSharding(mesh, spec_for(("batch",) + (None,) * (x.ndim - 1))),
-                    RowState.empty(1, hidden)))()
-            self.dcache = None if spec is None else jax.jit(
-                lambda: draft_cache.DraftKV.zeros(spec.dcfg, cfg.rows, cfg.max_context,
-                                                  draft_dtype),
-                out_shardings=draft_cache.DraftKV(draft_spec, draft_spec))()
+            self.cache = zeros.cache(tcfg, cfg.rows, cfg.max_context, dtype)
+            self.state = zeros.state(cfg.rows, spec.dcfg.hidden_size if spec else 0,
+                                     draft_dtype or jnp.float32)
+            self.dcache = None if spec is None else zeros.draft(
+                spec.dcfg, cfg.rows, cfg.max_context, draft_dtype)
         if cfg.attention not in KV_ATTENTION:
             raise ValueError(f"EngineConfig.attention {cfg.attention!r}: one of {KV_ATTENTION}")
         if cfg.attention == "pallas" and mesh.devices.size > 1:
@@ -405,6 +429,7 @@ class Engine:
             tcfg, cfg.sampling, spec and (spec.dcfg, spec.dec), data, cfg.attention,
             cfg.check_every)
         self._repeats = cfg.repetition and Detector(cfg.repetition, cfg.rows)
+        self._prefixes = Prefixes(cfg.rows)
 
     @property
     def busy(self) -> bool:
@@ -423,17 +448,34 @@ class Engine:
         """Admits requests from the left of `queue` into free rows, prefills them, runs one
         device program if any row is live; returns the completions, in row order."""
         done: list[Completion] = []
-        admitted = []
-        for i, row in enumerate(self.rows):
-            if row is None and queue:
-                request = queue.popleft()
-                self.check(request)
-                self.rows[i] = _Row(request, [], len(request.prompt))
-                admitted.append(i)
-                if self._repeats:
-                    self._repeats.reset(i)
+        free = [i for i, row in enumerate(self.rows) if row is None]
+        admitted: list[int] = []  # prefilled first (some after copying a held prefix)
+        copies: list[tuple[int, int]] = []  # (row, row it copies from) before the prefill
+        later: list[tuple[int, int]] = []  # copy from a row this step prefills, then prefill
+        while free and queue:
+            request = queue.popleft()
+            self.check(request)
+            i, source, held = self._prefixes.place(request.share, request.prompt, free,
+                                                   {j for j, _ in later})
+            free.remove(i)
+            self.rows[i] = _Row(request, [], len(request.prompt) - held)
+            self._prefixes.own(i, request.share, request.prompt, self.rows[i].tokens)
+            self.reused_tokens += held
+            if self._repeats:
+                self._repeats.reset(i)
+            if source is not None and source in admitted:
+                later.append((i, source))
+                continue
+            if source is not None:
+                copies.append((i, source))
+            admitted.append(i)
+        if copies:
+            self._copy(copies)
         if admitted:
             done += self._prefill_rows(admitted)
+        if later:
+            self._copy(later)
+            done += self._prefill_rows([i for i, _ in later])
         if any(r is not None and r.remaining_prompt == 0 for r in self.rows):
             done += self._run_rows(waiting=bool(queue))
         return done
@@ -444,6 +486,9 @@ class Engine:
         extra = self.verified if self.spec else 0
         if not r.prompt:
             raise ValueError(f"request {r.handle!r}: empty prompt")
+        if r.share is not None and self.spec is not None:
+            raise ValueError(f"request {r.handle!r}: shared prefixes are for plain decoding "
+                             "(a speculative row's draft cache is not kept)")
         if not 1 <= r.max_new_tokens <= self.cfg.max_context - len(r.prompt) - extra:
             more = f" + one verify's {extra}" if extra else ""
             raise ValueError(f"request {r.handle!r}: {len(r.prompt)} prompt tokens + "
@@ -476,6 +521,17 @@ class Engine:
                     and self.rows[i].remaining_prompt > 0]
         return done
 
+    def _copy(self, pairs: list[tuple[int, int]]) -> None:
+        """Copies whole cache rows (row, from), P at a time: one program for every count."""
+        c, p = self.cfg.rows, self.prefill_batch
+        self.programs.add(("copy", p))
+        for k in range(0, len(pairs), p):
+            src, dst = np.zeros((p,), np.int32), np.full((p,), c, np.int32)
+            for j, (i, source) in enumerate(pairs[k: k + p]):
+                dst[j], src[j] = i, source
+            with use_mesh(self.mesh):
+                self.cache = _copy_rows(self.cache, jnp.asarray(src), jnp.asarray(dst))
+
     def _prefill_group(self, members, start, first, t, window) -> list[Completion]:
         c, p = self.cfg.rows, self.prefill_batch
         tokens, following = np.zeros((p, t), np.int32), np.zeros((p, t), np.int32)
@@ -503,6 +559,7 @@ class Engine:
         for j, i in enumerate(members):
             row = self.rows[i]
             row.remaining_prompt = max(0, len(row.request.prompt) - start[i] - t)
+            self.prefilled_tokens += min(t, len(row.request.prompt) - start[i])
             if row.remaining_prompt == 0:
                 started[i] = [int(first_tokens[j])]
         return self._emit_rows(started, {})
@@ -571,6 +628,7 @@ class Engine:
             stopped = tok in self._stops
             if stopped or len(row.tokens) >= row.request.max_new_tokens or n == loop:
                 self.rows[i] = None
+                self._prefixes.freed(i)
                 reason = "stop" if stopped else "repetition" if n == loop else "length"
                 return [Completion(row.request.handle, len(row.request.prompt), row.tokens,
                                    reason, row.accepts)]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,40 @@ def init_distributed(coordinator: str | None, num_processes: int | None,
         jax.distributed.initialize()
     elif os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:
         jax.distributed.initialize()
+
+
+COMPILE_CACHE = "~/.cache/eagle3kit/xla"  # default of EAGLE3KIT_COMPILE_CACHE
+
+
+def compile_cache(warn: Callable[[str], None]) -> str | None:
+    """On accelerators, keeps compiled programs on disk for `regenerate`, `eval` and `train`
+    (EAGLE3KIT_COMPILE_CACHE, default ~/.cache/eagle3kit/xla; JAX_COMPILATION_CACHE_DIR
+    wins where set): a repeated or resumed run loads the programs an earlier one compiled.
+    Call before the first compilation. Returns the directory in use (None: none)."""
+    if jax.config.jax_compilation_cache_dir:
+        return jax.config.jax_compilation_cache_dir
+    if jax.default_backend() == "cpu":  # compiles in seconds; not worth the disk
+        return None
+    return use_compile_cache(os.environ.get("EAGLE3KIT_COMPILE_CACHE") or COMPILE_CACHE, warn)
+
+
+def use_compile_cache(path: str, warn: Callable[[str], None]) -> str | None:
+    """Compiled programs go to and come from `path`, if it is a directory this process can
+    write (made if missing); else one warning and the run compiles without a cache. A corrupt
+    entry is JAX's to meet: it warns and compiles that program again."""
+    path = os.path.expanduser(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        warn(f"warning: compile cache {path}: {e.strerror or e}; compiling without it (set "
+             "EAGLE3KIT_COMPILE_CACHE to a writable directory)")
+        return None
+    jax.config.update("jax_compilation_cache_dir", path)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    return path
 
 
 @contextlib.contextmanager

@@ -105,6 +105,8 @@ class Setup:
     kv_attention: str = "auto"  # EngineConfig.attention, or auto: the kernel on one GPU
     check_every: int | None = None  # EngineConfig.check_every (a divisor of SPEC_SYNC and
     # PLAIN_SYNC); None: BATCHED_CHECK_EVERY for several rows, 1 for one
+    slots: int = 0  # the run's cache size so far (every engine's, so that each program
+    # compiles once a run, not once per cache size): grown by generate_samples and measure
 
     def engine(self, rows: int, slots: int, dec: DecodeConfig | None) -> Engine:
         """Speculative with drafting shape `dec`, or plain with None."""
@@ -131,7 +133,12 @@ def slots_for(prompts: Sequence[Sequence[int]], max_new: int, decs: Sequence[Dec
               ) -> int:
     """Slots a row needs for the longest prompt, its answer and one verify: a power of two
     from 256 (few cache shapes, so the engines of a run share their programs)."""
-    need = max(len(p) for p in prompts) + max_new + max(d.verified for d in decs)
+    return slots_for_length(max(len(p) for p in prompts), max_new, decs)
+
+
+def slots_for_length(prompt_len: int, max_new: int, decs: Sequence[DecodeConfig]) -> int:
+    """slots_for of a prompt of `prompt_len` tokens."""
+    need = prompt_len + max_new + max(d.verified for d in decs)
     return max(256, 1 << (need - 1).bit_length())
 
 
@@ -141,15 +148,29 @@ def requests(prompts: Sequence[Sequence[int]], max_new: int) -> list[Request]:
 
 
 _compile_events = 0  # JAX traces, lowerings and compiles so far in this process
+_compile_seconds = 0.0  # what they took (a program loaded from the compile cache: its load)
+_programs_compiled = 0  # programs XLA compiled or loaded from the cache
+_COMPILE_PHASES = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
 
 
 def _count_compiles(event: str, duration: float, **_: Any) -> None:
-    global _compile_events
+    global _compile_events, _compile_seconds, _programs_compiled
     if event.startswith(("/jax/core/compile/", "/jax/compilation_cache/")):
         _compile_events += 1
+    if event in _COMPILE_PHASES:  # disjoint phases: their sum is the time spent compiling
+        _compile_seconds += duration
+        _programs_compiled += event == _COMPILE_PHASES[-1]
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+
+
+def compile_totals() -> tuple[float, int]:
+    """(seconds JAX spent tracing, lowering and compiling, programs compiled) so far in this
+    process: the difference over a stretch of work is what it compiled."""
+    return _compile_seconds, _programs_compiled
 
 
 def timed_call(fn: Any) -> tuple[Any, float, bool]:
@@ -196,7 +217,7 @@ def measure(setup: Setup, prompts: Sequence[Sequence[int]], batches: Sequence[in
     {"sweep": [every shape x batch], "best": {batch: entry}, "best_chain": ...}."""
     base = setup.draft.dec
     shapes = [base] + [d for d in (sweep or []) if d != base]
-    slots = slots_for(prompts, base.max_new_tokens, shapes)
+    slots = setup.slots = max(setup.slots, slots_for(prompts, base.max_new_tokens, shapes))
     todo = requests(prompts, base.max_new_tokens)
     points: list[dict[str, Any]] = []
     for b in batches:

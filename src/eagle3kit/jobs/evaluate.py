@@ -155,6 +155,7 @@ def trained_steps(draft) -> int:
 def run(cfg: EvalConfig, console) -> dict[str, Any]:
     """Evaluates as configured; returns the result object (see the module docstring)."""
     check_config(cfg)
+    common.compile_cache(console.print)  # a repeated eval loads its programs from disk
     generate = cfg.resolved_mode == "generate"
     tokenizer, key = common.target_tokenizer(cfg.target, required=generate)
     # the template and --thinking checked before any loading; built once, used throughout
@@ -263,7 +264,12 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
     offsets = [sum(len(c.turns) for c in prompts.conversations[:i])
                for i in range(len(prompts.conversations))]
     answers: dict[tuple[int, int], tuple[Request, Any, float]] = {}
-    engines: dict[tuple[int, bool], Any] = {}  # (slots, speculative): programs per cache size
+    # one cache for every turn (not the smallest each prompt fits): a cache size is a shape
+    # of every program, and each one compiled again per size a later turn's prompt met
+    setup.slots = max(setup.slots, eval_batched.slots_for_length(
+        min(max(_longest_prompt(d, render, cfg.max_new_tokens) for d in dialogues),
+            context - cfg.max_new_tokens), cfg.max_new_tokens, [dec]))
+    engines: dict[tuple[int, bool], Any] = {}  # (slots, speculative)
     retimed = 0
     progress = Progress(console, "generate turns", total=prompts.num_turns)
 
@@ -279,7 +285,9 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
     def run(request: Request, speculative: bool) -> tuple[Any, float]:
         """One answer alone on the cache its prompt fits: (completion, seconds)."""
         nonlocal retimed
-        slots = eval_batched.slots_for([request.prompt], cfg.max_new_tokens, [dec])
+        # a prompt longer than foreseen grows the cache (each program compiles once more)
+        slots = setup.slots = max(setup.slots, eval_batched.slots_for(
+            [request.prompt], cfg.max_new_tokens, [dec]))
         if (slots, speculative) not in engines:
             engines[slots, speculative] = setup.engine(1, slots, dec if speculative else None)
         engine = engines[slots, speculative]
@@ -289,7 +297,7 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
             _, seconds, _ = eval_batched.timed_call(lambda: engine.generate([request]))
         return done, seconds
 
-    t0 = time.perf_counter()
+    t0, (compiling0, programs0) = time.perf_counter(), eval_batched.compile_totals()
     with progress:
         for c in range(len(dialogues)):  # a conversation at a time, turn by turn
             while (ids := prompt(c)) is not None:
@@ -308,7 +316,8 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
     if timed:
         runs = [run(answers[k][0], False) for k in order]
         plain, plain_seconds = [done for done, _ in runs], [seconds for _, seconds in runs]
-        compile_s = time.perf_counter() - t0 - sum(spec_seconds) - sum(plain_seconds)
+        untimed_s = time.perf_counter() - t0 - sum(spec_seconds) - sum(plain_seconds)
+        compiling, programs = eval_batched.compile_totals()
     samples = []
     for (c, t), s_, s_sec, p_sec in zip(order, spec, spec_seconds, plain_seconds,
                                          strict=True):
@@ -338,8 +347,23 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
             "baseline_new_tokens": plain_tokens,
             # sampled answers differ by chance; only greedy ones must be identical
             "identical_to_baseline": identical if cfg.temperature == 0 else None,
-            # untimed: compiling, and the first runs of the answers that compiled
-            "compile_s": round(compile_s, 2), "retimed_answers": retimed}, samples
+            # JAX's tracing, lowering and compiling (or loading from the compile cache) of
+            # the programs it met; untimed: that and the first runs of the answers that
+            # compiled (each timed on a second run)
+            "compile_s": round(compiling - compiling0, 2),
+            "compiled_programs": programs - programs0, "untimed_s": round(untimed_s, 2),
+            "retimed_answers": retimed}, samples
+
+
+def _longest_prompt(dialogue: Dialogue, render, max_new: int) -> int:
+    """About the longest prompt of a conversation's turns: its last turn's with every answer
+    empty, and max_new tokens for each answer before it (re-tokenized text may differ a
+    little; a longer prompt grows the cache when it comes)."""
+    try:
+        ids = render(dialogue.kept[: dialogue.answer_at[-1]])
+    except InputError:  # a template that refuses empty answers: the first prompt's length
+        ids = render(dialogue.prompt())
+    return len(ids) + (len(dialogue.answer_at) - 1) * max_new
 
 
 def _check_context(cid: str, turn: int, length: int, max_new: int, context: int,

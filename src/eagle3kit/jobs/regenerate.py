@@ -433,8 +433,10 @@ def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int], stop: Pree
     cfg = runner.cfg
 
     def request(w: Work, ids: list[int]) -> Request:
+        # share: a turn starts from the keys its conversation's rows hold (the last turn's
+        # row, a sibling sample's first prompt) instead of prefilling them again
         return Request((w, ids), ids, min(cfg.max_new_tokens, cfg.max_context - len(ids)),
-                       w.seed(len(w.dialogue.turns)))
+                       w.seed(len(w.dialogue.turns)), share=(w.record.id, w.occurrence))
 
     def answered(w: Work, ids: list[int], c) -> None:
         runner.answered(w, conv.answer_text(tokenizer, c.tokens, stop_ids), len(ids),
@@ -566,19 +568,6 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
                       f"{seconds:,.1f}s", soft_wrap=True)
 
 
-def compile_cache() -> None:
-    """On accelerators, keep compiled programs on disk (EAGLE3KIT_COMPILE_CACHE, default
-    ~/.cache/eagle3kit/xla): a resumed or repeated run skips the engine's compilations."""
-    import jax
-
-    if jax.default_backend() == "cpu" or jax.config.jax_compilation_cache_dir:
-        return
-    path = os.environ.get("EAGLE3KIT_COMPILE_CACHE",
-                          os.path.expanduser("~/.cache/eagle3kit/xla"))
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-
-
 def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     import jax
 
@@ -588,7 +577,7 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     from eagle3kit.decode.repetition import Repetition
     from eagle3kit.io.hf import load_target
 
-    compile_cache()
+    common.compile_cache(console.print)
     mesh = make_mesh(cfg.mesh)
     if cfg.kv_attention == "pallas" and mesh.devices.size > 1:
         raise UserError(f"--kv-attention pallas reads the cache on one device, not the "

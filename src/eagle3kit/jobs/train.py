@@ -123,6 +123,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     """
     t_start = time.time()
     stop = stop or Preemption()
+    common.compile_cache(console.print)  # a resumed run loads its programs from disk
     setup = _check_and_load(cfg)
     _stop_if_asked(stop, "before training started; nothing to save")
     out = _prepare_run_dir(cfg, setup.fingerprints)  # only once every check has passed
