@@ -182,6 +182,23 @@ def test_refuses_existing_run_and_changed_config(a, tmp_path):
     assert r.exit_code == 3 and "--seed" in r.output and "in another --out" in r.output
 
 
+def test_refuses_a_folder_holding_another_tools_config(a, tmp_path):
+    """A model or export folder (its config.json is Hugging Face's, SGLang's) is not a run
+    directory: refused before any loading, its config.json left as it was (issue 39)."""
+    out = tmp_path / "export"
+    out.mkdir()
+    config = out / "config.json"
+    shutil.copy(a / "target" / "config.json", config)
+    before = config.read_bytes()
+    for extra in ([], ["--resume"]):
+        r = invoke(base_args(a, out, "--max-steps", "1", *extra))
+        assert r.exit_code == 2, r.output
+        assert r.output == (f"error: {out}: holds a config.json that no eagle3kit training run "
+                            "wrote (a model or an export?); training would replace it: choose "
+                            "another --out\n"), r.output
+    assert config.read_bytes() == before and [p.name for p in out.iterdir()] == ["config.json"]
+
+
 def test_eagle31_draft_trains_and_its_architecture_is_kept(a, tmp_path):
     out = tmp_path / "run"
     r = invoke(base_args(a, out, "--max-steps", "2", "--arch", "eagle3.1"))

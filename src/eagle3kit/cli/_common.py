@@ -212,9 +212,14 @@ def require_files(**options: str | os.PathLike | None) -> None:
                              path=path)
 
 
-def check_output(path: str | os.PathLike | None, option: str, kind: str = "file") -> None:
+def check_output(path: str | os.PathLike | None, option: str, kind: str = "file",
+                 inputs: dict[str, str | os.PathLike | None] | None = None) -> None:
     """Fail fast: an output path can be written, before any work. One check for every command
     that writes; `-` and None (stdout, or not asked for) pass.
+
+    `inputs` (option -> path, e.g. `{"-i": input}`): the files the command reads; an output
+    that is one of them (the same file by any name) is refused, as `convert` refuses to write
+    over its source: writing it would replace what is being read.
 
     `kind`: "file" (written atomically), "dir" (a run directory written into) or "replace"
     (a directory written whole, then renamed over the path). Refuses an empty name; `.`, `..`
@@ -229,6 +234,10 @@ def check_output(path: str | os.PathLike | None, option: str, kind: str = "file"
     if not given.strip():
         raise UserError(f"{option} {given!r}: an empty path; give a file name")
     p = Path(given)
+    for name, source in (inputs or {}).items():
+        if _same_file(p, source):
+            raise UserError(f"is also the input ({name} {source}); {option} would replace it: "
+                            f"write to another file", path=given)
     if kind != "dir" and (p.name in ("", ".", "..") or p.resolve() == Path(p.resolve().anchor)):
         raise UserError(f"is an existing directory; {option} needs a new name to write",
                         path=given)
@@ -248,6 +257,19 @@ def check_output(path: str | os.PathLike | None, option: str, kind: str = "file"
     except OSError as e:
         raise UserError(f"cannot write in {parent} ({e.strerror or e}; {option})",
                         path=given) from None
+
+
+def _same_file(out: Path, source: str | os.PathLike | None) -> bool:
+    """Whether `out` names the input `source` (`-`, None and missing inputs never match)."""
+    if source is None or str(source) in ("", "-"):
+        return False
+    src = Path(source)
+    try:
+        if out.exists() and src.exists():
+            return os.path.samefile(out, src)
+    except OSError:
+        return False
+    return out.resolve() == src.resolve()
 
 
 def no_stdout(path: str | os.PathLike | None, option: str, what: str) -> None:

@@ -129,8 +129,9 @@ def eval_cmd(
     if samples is not None and str(samples) == "-" and json_out:
         raise typer.BadParameter("stdout carries the --json result; write samples to a file",
                                  param_hint="--samples")
-    check_output(plot, "--plot")  # before the work, not after an hour of decoding
-    check_output(samples, "--samples")
+    reads = {"--data": data, "--prompts": prompts}
+    check_output(plot, "--plot", inputs=reads)  # before the work, not after an hour of decoding
+    check_output(samples, "--samples", inputs={**reads, "--plot": plot})
     if plot is not None:
         require_matplotlib()
     tracking = eval_tracking(track, track_dir, draft)

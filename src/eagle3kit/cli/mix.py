@@ -55,6 +55,9 @@ def mix(
                                  param_hint="--format")
     check_output(out, "-o")
     specs = [parse_source(s) for s in sources]
+    for spec in specs:  # writing over a source would replace what is being read
+        if not spec.location.startswith("hf:"):
+            check_output(out, "-o", inputs={"SOURCE": spec.location})
     if sum(s.location == "-" for s in specs) > 1:
         raise typer.BadParameter("stdin (-) can be read only once", param_hint="SOURCE")
     status = console.status("reading") if console.is_terminal else contextlib.nullcontext()

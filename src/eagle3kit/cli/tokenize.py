@@ -66,7 +66,7 @@ def tokenize(
     from eagle3kit.io.atomic import open_output
 
     require_files(input=input)  # and the template (a file or a name) before the tokenizer
-    check_output(out, "-o")
+    check_output(out, "-o", inputs={"-i": input})
     if chat_template:
         load_chat_template(chat_template)  # a file that is no template fails before loading
     with console.status(f"loading tokenizer {tokenizer}"):

@@ -54,6 +54,23 @@ _RESUMABLE = {"epochs", "max_steps", "save_every", "keep_checkpoints", "eval_eve
               "profile_steps", "track"}
 
 
+def check_run_dir(out: Path) -> None:
+    """Before any loading: a config.json in --out that a training run did not write (a model
+    or export folder, an SGLang or Hugging Face `config.json`) is refused; the run would
+    replace it with its own."""
+    recorded = out / "config.json"
+    if not recorded.is_file():
+        return
+    try:
+        record = json.loads(recorded.read_text())
+    except (UnicodeDecodeError, ValueError):
+        record = None
+    if not (isinstance(record, dict) and {"config", "fingerprints"} <= record.keys()):
+        raise UserError("holds a config.json that no eagle3kit training run wrote (a model or "
+                        "an export?); training would replace it: choose another --out",
+                        path=out)
+
+
 def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
     out = Path(cfg.out)
     recorded = out / "config.json"
@@ -123,6 +140,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     """
     t_start = time.time()
     stop = stop or Preemption()
+    check_run_dir(Path(cfg.out))
     setup = _check_and_load(cfg)
     _stop_if_asked(stop, "before training started; nothing to save")
     out = _prepare_run_dir(cfg, setup.fingerprints)  # only once every check has passed
