@@ -155,6 +155,50 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, monk
                                                                 "sub"], args
 
 
+# ---- memory that is not there: one line, exit 4 (issue 39, items 4 and 5) -------------------
+
+def test_out_of_memory_anywhere_is_one_line_and_exit_4(tmp_path, monkeypatch):
+    """XLA's allocator refusing at start-up (a second process on a GPU whose memory the first
+    preallocated) and numpy failing to allocate a host array end as one line and exit 4,
+    wherever no job named the options to lower; any other runtime error keeps its
+    traceback (a bug)."""
+    import jax
+
+    from eagle3kit.data import mixing
+    from eagle3kit.jobs import common
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text("{}\n")
+    train = ["train", "--target", NEVER, "--data", "in.jsonl", "--vocab", "in.jsonl",
+             "--out", "run"]
+
+    def no_device_memory(*args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to "
+                                         "allocate 60.10GiB")
+
+    monkeypatch.setattr(common, "init_distributed", no_device_memory)
+    r = runner.invoke(app, train)
+    assert r.exit_code == 4, r.output
+    assert r.output.startswith("error: out of device memory (another process may hold it: ")
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in r.output and len(r.output.splitlines()) == 1
+
+    def bug(*args):
+        raise RuntimeError("an index out of range")
+
+    monkeypatch.setattr(common, "init_distributed", bug)
+    r = runner.invoke(app, train)
+    assert r.exit_code == 1 and isinstance(r.exception, RuntimeError)
+
+    def no_host_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 47.7 GiB for an array")
+
+    monkeypatch.setattr(mixing, "mix", no_host_memory)
+    r = runner.invoke(app, ["mix", "in.jsonl", "-o", "out.jsonl"])
+    assert r.exit_code == 4, r.output
+    assert r.output == "error: out of host memory; lower the batch or cache sizes (see --help)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+
+
 # ---- SIGTERM is SIGINT: clean up, one line, exit 143 (issue 24, item 4) ---------------------
 
 def _terminate_once_writing(args: list[str], cwd: Path, out: str) -> subprocess.CompletedProcess:

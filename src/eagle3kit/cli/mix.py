@@ -26,7 +26,7 @@ def mix(
     n: int | None = typer.Option(None, "-n", help="Records to write, split by weight and "
                                  "sampled without replacement (default: every record once, "
                                  "interleaved by weight)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the sampling (same seed and inputs "
+    seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1, help="Seed of the sampling (same seed and inputs "
                              "give byte-identical output)."),
     out: str = typer.Option("-", "-o", "--out", help="Output JSONL ('-' = stdout); a file is "
                             "written atomically."),
