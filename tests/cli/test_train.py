@@ -84,6 +84,8 @@ def test_train_resume_equals_uninterrupted(a, tmp_path):
     # interrupted by the wall-clock limit after step 1 (its compilation alone takes longer)
     r = invoke(base_args(a, first, "--max-steps", "4", "--time-limit", "1"))
     assert r.exit_code == 75 and "--resume" in r.output, r.output
+    # a stop that was asked for is no error; no rate before one was measured (issue 39)
+    assert "error:" not in r.output and " 0 tok/s" not in r.output, r.output
     assert not (first / "final").exists()
     r = invoke(base_args(a, first, "--max-steps", "2", "--resume"))  # a capped run ...
     assert r.exit_code == 0, r.output
@@ -205,6 +207,9 @@ def test_eagle31_draft_trains_and_its_architecture_is_kept(a, tmp_path):
     assert r.exit_code == 0, r.output
     final = load_draft(out / "final")
     assert final.config.arch == "eagle3.1" and final.training["arch"] == "eagle3.1"
+    # what the card says of a run cut short and of a filled vocab (issue 39, item 9)
+    assert (final.training["steps"], final.training["planned_steps"]) == (2, 9)
+    assert isinstance(final.training["vocab_filled"], int)
     assert final.weights.fc_norm.shape == (3, final.config.target_hidden_size)
     assert all(np.isfinite(x).all() for _, x in losses(out))
     # the norms trained: the fc norms moved away from their initial ones
@@ -273,6 +278,15 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(a, tmp_path):
     assert not (out / "final").exists()
     saved = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert saved and all(not p.startswith(".") for p in saved)
+    # diverged before its first checkpoint: no step to --resume from is named (issue 39)
+    early = tmp_path / "early"
+    args[args.index(str(out))] = str(early)
+    args[args.index("--save-every") + 1] = "100"
+    r = invoke(args)
+    assert r.exit_code == 5, r.output
+    assert "No checkpoint was written before it" in r.output, r.output
+    assert "last good checkpoint" not in r.output and "then --resume" not in r.output
+    assert not (early / "checkpoints").exists() or not any((early / "checkpoints").iterdir())
 
 
 def test_loss_and_step_weights_are_trained_recorded_and_pinned(a, tmp_path):
@@ -327,7 +341,7 @@ def test_help_has_example():
 @pytest.mark.parametrize("option,value,message", [
     ("--lr", "-1", "--lr -1: must be a positive number"),
     ("--lr", "0", "--lr 0: must be a positive number"),
-    ("--decay", "-2", "--decay -2: must be a positive number"),
+    ("--decay", "-2", "--decay -2: must be in (0, 1]"),
     ("--clip-norm", "0", "--clip-norm 0: must be a positive number"),
     ("--warmup-ratio", "1", "--warmup-ratio 1: must be in [0, 1)"),
     ("--epochs", "0", "--epochs 0: must be at least 1"),
