@@ -280,8 +280,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(a, tmp_path):
     assert saved and all(not p.startswith(".") for p in saved)
     # diverged before its first checkpoint: no step to --resume from is named (issue 39)
     early = tmp_path / "early"
-    args[args.index(str(out))] = str(early)
-    args[args.index("--save-every") + 1] = "100"
+    args = base_args(a, early, "--max-steps", "6", "--save-every", "100", "--warmup-ratio", "0")
+    args[args.index("1e-3")] = "1e30"
     r = invoke(args)
     assert r.exit_code == 5, r.output
     assert "No checkpoint was written before it" in r.output, r.output
