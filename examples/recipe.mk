@@ -184,23 +184,21 @@ $(DIR)/vocab.safetensors: $(DIR)/train.jsonl
 	$(E3K) vocab-select --size $(VOCAB_SIZE) -i $< -o $@ --tokenizer $(TARGET)
 
 # 2. v2 only: the target answers every conversation again (greedy, in the served thinking
-#    mode). Written to a .part file that --resume continues; renamed when complete. With
-#    HOSTS > 1 each host regenerates its shard (`make regenerate-shard PROCESS_ID=I`) and the
-#    shards are concatenated in order.
+#    mode). regenerate writes $@.partial, which --resume continues, and renames it to $@
+#    when complete. With HOSTS > 1 each host regenerates its shard (`make regenerate-shard
+#    PROCESS_ID=I`) and the shards are concatenated in order.
 REGENERATE = $(DEVICE_LOCK) $(E3K) regenerate --target $(TARGET) --max-new-tokens \
   $(REGEN_MAX_NEW_TOKENS) --max-context $(REGEN_MAX_CONTEXT) --temperature \
   $(REGEN_TEMPERATURE) --mesh $(REGEN_MESH) --slots $(REGEN_SLOTS) --target-dtype \
   $(TARGET_DTYPE) $(THINKING_FLAG) $(TEMPLATE_FLAG) $(REGEN_FLAGS)
 ifeq ($(HOSTS),1)
 $(REGEN)/%.jsonl: $(CHATS)/%.jsonl | $(REGEN)
-	$(strip $(REGENERATE) -i $< -o $@.part --resume)
-	mv $@.part $@
+	$(strip $(REGENERATE) -i $< -o $@ --resume)
 else
 SHARDS := $(shell seq 0 $$(( $(HOSTS) - 1 )))
 define shard_rule
 $(REGEN)/%.$(1)-of-$(HOSTS).jsonl: $(CHATS)/%.jsonl | $(REGEN)
-	$$(strip $$(REGENERATE) -i $$< -o $$@.part --resume --shard $(1)/$(HOSTS))
-	mv $$@.part $$@
+	$$(strip $$(REGENERATE) -i $$< -o $$@ --resume --shard $(1)/$(HOSTS))
 endef
 $(foreach i,$(SHARDS),$(eval $(call shard_rule,$(i))))
 $(REGEN)/%.jsonl: $(foreach i,$(SHARDS),$(REGEN)/%.$(i)-of-$(HOSTS).jsonl)

@@ -74,14 +74,13 @@ else
   [ -f "$OUT/chats.jsonl" ] || $E3K mix "$SHAREGPT" ${RECORDS:+-n "$RECORDS"} --seed 0 -o "$OUT/chats.jsonl"
   [ -f "$OUT/train-chats.jsonl" ] ||
     hold_out "$OUT/chats.jsonl" "$OUT/heldout-chats.jsonl" "$OUT/train-chats.jsonl"
-  regenerate() {  # $1 -> $2, resumable: written to $2.partial, renamed when complete
+  regenerate() {  # $1 -> $2, resumable: regenerate keeps $2.partial until $2 is complete
     [ -f "$2" ] && return
     local resume=""
-    [ -s "$2.partial" ] && resume=--resume
-    $E3K regenerate --target "$TARGET" -i "$1" -o "$2.partial" $resume $REGEN_ARGS $TEMPLATE_ARGS \
+    [ -e "$2.partial" ] && resume=--resume
+    $E3K regenerate --target "$TARGET" -i "$1" -o "$2" $resume $REGEN_ARGS $TEMPLATE_ARGS \
       --max-new-tokens "$REGEN_NEW_TOKENS" --max-context "$SEQ_LEN" --turns "$REGEN_TURNS" \
       --slots "$REGEN_SLOTS" --target-dtype "$DTYPE" ${MESH:+--mesh "$MESH"} "${@:3}"
-    mv "$2.partial" "$2"
   }
   regenerate "$OUT/train-chats.jsonl" "$OUT/regen-train.jsonl" --samples "$SAMPLES"
   regenerate "$OUT/heldout-chats.jsonl" "$OUT/regen-heldout.jsonl"

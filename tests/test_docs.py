@@ -13,7 +13,7 @@ from eagle3kit.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = ["mix", "tokenize", "vocab-select", "regenerate", "train", "eval", "convert",
-            "push"]
+            "push", "assets"]
 
 
 def test_every_command_is_registered_in_pipeline_order():

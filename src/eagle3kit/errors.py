@@ -19,6 +19,13 @@ def plural(n: int, noun: str, nouns: str | None = None) -> str:
     return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
 
 
+def device_out_of_memory(e: BaseException) -> bool:
+    """Whether `e` is XLA's or CUDA's out-of-memory (a runtime error, told by its message)."""
+    text = str(e)
+    return ("RESOURCE_EXHAUSTED" in text or "OUT_OF_MEMORY" in text
+            or "out of memory" in text.lower())
+
+
 class UserError(Exception):
     """An error caused by input, with a message that says what to do."""
 

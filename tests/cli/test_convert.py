@@ -143,6 +143,22 @@ def test_bad_input_is_one_line_and_writes_nothing(target, run_final, tmp_path):
         assert not (tmp_path / "out").exists(), args
 
 
+def test_a_training_run_points_at_its_draft(target, run_final, tmp_path):
+    """`convert runs/a` (the run, not its draft) names runs/a/final (issue 39, item 10)."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"config": {}, "fingerprints": {}}))
+    r = convert(run, "--to", "sglang", "-o", tmp_path / "out")
+    assert r.exit_code == 2 and r.output == (f"error: {run}: is a training run with no final "
+                                             "draft yet (it stopped at a checkpoint: finish "
+                                             "it with train --resume)\n"), r.output
+    save_draft(run / "final", make_draft(target))
+    r = convert(run, "--to", "sglang", "-o", tmp_path / "out")
+    assert r.exit_code == 2 and r.output == (f"error: {run}: is a training run, not a draft; "
+                                             f"its draft is {run / 'final'}\n"), r.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_wrong_layers_for_the_target_are_refused(target, tmp_path):
     d = make_draft(target, aux_layer_ids=(0, 2, 4))
     save_draft(tmp_path / "final", d)

@@ -4,6 +4,7 @@ spaces and unicode come back exactly as given, in one `error:` line, with nothin
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -115,6 +116,87 @@ def test_bad_outputs_are_refused_before_any_work(tmp_path, monkeypatch):
         assert r.exit_code == 2, (args, r.output)
         assert r.output == f"error: {message}\n", (args, r.output)
         assert sorted(p.name for p in tmp_path.rglob("*")) == before, args
+
+
+# ---- an output that is one of the inputs (issue 39, item 2) ----------------------------------
+
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, monkeypatch):
+    """Writing over a file the command reads would replace it (five conversations became
+    four token records): refused before any work, by the name given or another name of the
+    same file (a path through `.`, a hard link), with the input left byte for byte."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"id": "a", "messages": []}\n')
+    (tmp_path / "sub").mkdir()
+    os.link(tmp_path / "in.jsonl", tmp_path / "sub" / "link.jsonl")
+    before = (tmp_path / "in.jsonl").read_bytes()
+    cases = [
+        (["mix", "in.jsonl", "-o", "in.jsonl"], "in.jsonl", "SOURCE in.jsonl", "-o"),
+        (["mix", "in.jsonl:0.5", "sub/../in.jsonl:0.5", "-o", "./in.jsonl"], "./in.jsonl",
+         "SOURCE in.jsonl", "-o"),
+        (["tokenize", "--tokenizer", NEVER, "-i", "in.jsonl", "-o", "sub/link.jsonl"],
+         "sub/link.jsonl", "-i in.jsonl", "-o"),
+        (["vocab-select", "-i", "in.jsonl", "-o", "in.jsonl"], "in.jsonl", "-i in.jsonl", "-o"),
+        (["regenerate", "--target", NEVER, "-i", "in.jsonl", "-o", "in.jsonl", "--force"],
+         "in.jsonl", "-i in.jsonl", "-o"),
+        (["regenerate", "--target", NEVER, "-i", "in.jsonl", "-o", "in.jsonl"],
+         "in.jsonl", "-i in.jsonl", "-o"),
+        (["eval", "--target", NEVER, "--draft", "d", "--prompts", "in.jsonl", "--samples",
+          "in.jsonl"], "in.jsonl", "--prompts in.jsonl", "--samples"),
+        (["eval", "--target", NEVER, "--draft", "d", "--data", "in.jsonl", "--plot",
+          "in.jsonl"], "in.jsonl", "--data in.jsonl", "--plot"),
+    ]
+    for args, out, source, option in cases:
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, (args, r.output)
+        assert r.output == (f"error: {out}: is also the input ({source}); {option} would "
+                            "replace it: write to another file\n"), (args, r.output)
+        assert (tmp_path / "in.jsonl").read_bytes() == before, args
+        assert sorted(p.name for p in tmp_path.rglob("*")) == ["in.jsonl", "link.jsonl",
+                                                                "sub"], args
+
+
+# ---- memory that is not there: one line, exit 4 (issue 39, items 4 and 5) -------------------
+
+def test_out_of_memory_anywhere_is_one_line_and_exit_4(tmp_path, monkeypatch):
+    """XLA's allocator refusing at start-up (a second process on a GPU whose memory the first
+    preallocated) and numpy failing to allocate a host array end as one line and exit 4,
+    wherever no job named the options to lower; any other runtime error keeps its
+    traceback (a bug)."""
+    import jax
+
+    from eagle3kit.data import mixing
+    from eagle3kit.jobs import common
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text("{}\n")
+    train = ["train", "--target", NEVER, "--data", "in.jsonl", "--vocab", "in.jsonl",
+             "--out", "run"]
+
+    def no_device_memory(*args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to "
+                                         "allocate 60.10GiB")
+
+    monkeypatch.setattr(common, "init_distributed", no_device_memory)
+    r = runner.invoke(app, train)
+    assert r.exit_code == 4, r.output
+    assert r.output.startswith("error: out of device memory (another process may hold it: ")
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in r.output and len(r.output.splitlines()) == 1
+
+    def bug(*args):
+        raise RuntimeError("an index out of range")
+
+    monkeypatch.setattr(common, "init_distributed", bug)
+    r = runner.invoke(app, train)
+    assert r.exit_code == 1 and isinstance(r.exception, RuntimeError)
+
+    def no_host_memory(*args, **kwargs):
+        raise MemoryError("Unable to allocate 47.7 GiB for an array")
+
+    monkeypatch.setattr(mixing, "mix", no_host_memory)
+    r = runner.invoke(app, ["mix", "in.jsonl", "-o", "out.jsonl"])
+    assert r.exit_code == 4, r.output
+    assert r.output == "error: out of host memory; lower the batch or cache sizes (see --help)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
 # ---- SIGTERM is SIGINT: clean up, one line, exit 143 (issue 24, item 4) ---------------------

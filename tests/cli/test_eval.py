@@ -94,6 +94,10 @@ def test_teacher_forced_from_a_file_and_from_stdin_in_any_draft_format(tiny, tmp
     assert piped.exit_code == 0, piped.output
     same = {**json.loads(piped.stdout), "dataset": result["dataset"], "draft": str(draft)}
     assert same == result
+    # the draft it measured, by digest, whatever format held it (push checks it, issue 39)
+    from eagle3kit.formats.common import draft_digest
+
+    assert result["draft_digest"] == draft_digest(load_draft(draft))
 
 
 def test_teacher_forced_equals_what_train_logs_for_its_final_weights(tiny, tmp_path):

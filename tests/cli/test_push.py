@@ -97,6 +97,54 @@ def test_hub_refusal_is_one_line(export, hub):
     assert "401" in r.output and TOKEN not in r.output and "Traceback" not in r.output
 
 
+def test_results_of_another_draft_are_refused(target, tmp_path):
+    """`push --eval` of results that measured another draft (another run, another vocab)
+    is refused naming both (issue 39, item 7); results of the exported draft, measured on its
+    training output (fp32) or on the export itself (bf16), are taken. An eval result from
+    before digests were recorded gets a warning."""
+    from eagle3kit.formats import common, load_any_draft
+
+    ours = make_draft(target, name="meta-llama/Llama-3.1-8B-Instruct", seed=0)
+    other = make_draft(target, name="meta-llama/Llama-3.1-8B-Instruct", seed=1)
+    export = export_draft(ours, "sglang", tmp_path / "sglang", source="runs/sig/final")
+    as_loaded = load_any_draft(str(export))  # what `eval --draft export` measures
+    results = {
+        "other": {**EVAL, "draft": "runs/a/final", "draft_digest": common.draft_digest(other)},
+        "source": {**EVAL, "draft": "runs/sig/final", "draft_digest": common.draft_digest(ours)},
+        "export": {**EVAL, "draft": str(export),
+                   "draft_digest": common.draft_digest(as_loaded)},
+        "old": EVAL}
+    for name, result in results.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(result))
+    r = push(export, "--repo-id", "my-org/x", "--eval", tmp_path / "other.json", "--dry-run")
+    assert r.exit_code == 3, r.output
+    assert r.output.startswith(f"error: {tmp_path / 'other.json'}: measured another draft "
+                               "(runs/a/final, digest "), r.output
+    assert "than the one exported here (from runs/sig/final" in r.output
+    assert len(r.output.splitlines()) == 1 and not (export / "README.md").exists()
+    r = push(export, "--repo-id", "my-org/x", "--eval", tmp_path / "source.json", "--eval",
+             tmp_path / "export.json", "--dry-run")
+    assert r.exit_code == 0 and "warning" not in r.output, r.output
+    r = push(export, "--repo-id", "my-org/x", "--eval", tmp_path / "old.json", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "warning: " + str(tmp_path / "old.json") + ": cannot check that it measured this " \
+        "export's draft" in r.output, r.output
+
+
+def test_an_unconverted_draft_gets_a_command_that_works(target, tmp_path, monkeypatch):
+    """push of an eagle3kit-format draft suggests `convert ... -o PATH` with a PATH that does
+    not exist yet (it suggested export/sglang, already there; issue 39, item 10)."""
+    monkeypatch.chdir(tmp_path)
+    save_draft(tmp_path / "final", make_draft(target))
+    (tmp_path / "export" / "sglang").mkdir(parents=True)
+    (tmp_path / "final-sglang").mkdir()
+    r = push("final", "--repo-id", "my-org/x", "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().endswith("convert it first: eagle3kit convert final --to sglang "
+                                     "-o final-sglang-2"), r.output
+    assert r.output.count("\n") == 1 and not (tmp_path / "final-sglang-2").exists()
+
+
 def test_bad_input(export, target, tmp_path):
     save_draft(tmp_path / "final", make_draft(target))
     (tmp_path / "bad.json").write_text('{"acc": "high"}')

@@ -273,38 +273,46 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(target, chats, referenc
     """A real process killed with SIGKILL after its first record (with a torn line added, as
     a kill inside a write leaves) resumes to the uninterrupted run's file, byte for byte."""
     out = tmp_path / "out.jsonl"
+    partial = tmp_path / "out.jsonl.partial"  # records go there until the run is complete
     proc = _regenerate(eagle3kit_server, target, chats, out)
-    _wait_for_lines(proc, out)
+    _wait_for_lines(proc, partial)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    written = out.read_bytes().count(b"\n")
-    assert 1 <= written < 10
-    with open(out, "ab") as f:
+    written = partial.read_bytes().count(b"\n")
+    assert 1 <= written < 10 and not out.exists()
+    with open(partial, "ab") as f:
         f.write(b'{"id": "torn')
     r = regenerate("--target", target, *COMMON, "-i", chats, "-o", out, "--resume")
     assert r.exit_code == 0, r.output
     assert f"{written} already in the output" in r.output
-    assert out.read_bytes() == reference
+    assert out.read_bytes() == reference and not partial.exists()
 
 
 @pytest.mark.slow
 def test_sigterm_stops_with_exit_75_and_resumes(target, chats, reference, eagle3kit_server,
                                                 tmp_path):
     out = tmp_path / "out.jsonl"
+    partial = tmp_path / "out.jsonl.partial"
     proc = _regenerate(eagle3kit_server, target, chats, out)
-    _wait_for_lines(proc, out)
+    _wait_for_lines(proc, partial)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err.decode()
     assert "SIGTERM" in err.decode() and "--resume" in err.decode()
     assert "stopping at the next sync, keeping every record written" in err.decode()
     assert "checkpoint" not in err.decode()  # regenerate has none
-    kept = records(out.read_bytes())
+    kept = records(partial.read_bytes())
     assert 1 <= len(kept) < 10
+    # nothing under the asked name: `tokenize -i out.jsonl` cannot take a part for the whole
+    assert not out.exists()
+    again = regenerate("--target", target, *COMMON, "-i", chats, "-o", out)
+    assert again.exit_code == 2 and "out.jsonl.partial: the records of an interrupted run; " \
+        "pass --resume" in again.output, again.output
     ids = collections.Counter(x.id for x in kept)
     r = regenerate("--target", target, *COMMON, "-i", chats, "-o", out, "--resume")
     assert r.exit_code == 0, r.output
     assert out.read_bytes() == reference and max(ids.values()) == 1
+    assert not partial.exists()
 
 
 # ---- --endpoint: an OpenAI-compatible server on 127.0.0.1 --------------------------------------
@@ -351,12 +359,16 @@ def test_endpoint_refusals_are_counted_and_an_outage_is_resumable(chats, tmp_pat
     first_two = sum(len(plan(c.messages)[1]) for c in records(full.stdout_bytes)[:2])
     with ChatServer(up_for=first_two + 1) as server:  # goes down after two conversations
         r = endpoint_run(server.url, data, "-o", out, "--concurrency", "1")
-    assert r.exit_code == 4 and "--resume" in r.output and "down for maintenance" in r.output
-    assert 2 <= out.read_bytes().count(b"\n") < len(records(full.stdout_bytes))
+    assert r.exit_code == 4 and "down for maintenance" in r.output
+    assert f"the records written so far are kept in {out}.partial: --resume" in r.output
+    # a file under the asked name is complete: the part is kept beside it (issue 39)
+    partial = tmp_path / "out.jsonl.partial"
+    assert not out.exists()
+    assert 2 <= partial.read_bytes().count(b"\n") < len(records(full.stdout_bytes))
     with ChatServer() as server:
         r = endpoint_run(server.url, data, "-o", out, "--resume")
     assert r.exit_code == 0, r.output
-    assert out.read_bytes() == full.stdout_bytes
+    assert out.read_bytes() == full.stdout_bytes and not partial.exists()
 
 
 def test_an_unreachable_endpoint_fails_in_seconds(chats):
@@ -422,6 +434,11 @@ def test_endpoint_retries_n_means_n_plus_one_attempts(tmp_path):
         r = endpoint_run(server.url, data, "--retries", "2")
     assert r.exit_code == 4 and "after 2 retries" in r.output, r.output
     assert server.calls == 3
+    # to a file: no record was made, so none is said to be kept, and no file is left
+    with ChatServer(up_for=0) as server:
+        r = endpoint_run(server.url, data, "--retries", "0", "-o", tmp_path / "out.jsonl")
+    assert r.exit_code == 4 and "kept" not in r.output, r.output
+    assert list(tmp_path.iterdir()) == [data]
 
 
 def test_endpoint_records_reach_the_file_as_they_finish_and_survive_sigkill(eagle3kit_server,
@@ -439,18 +456,19 @@ def test_endpoint_records_reach_the_file_as_they_finish_and_survive_sigkill(eagl
         full = endpoint_run(server.url, data)
     assert full.exit_code == 0, full.output
     out = tmp_path / "out.jsonl"
+    partial = tmp_path / "out.jsonl.partial"
     with ChatServer(hold_after=2) as server:
         proc = _start(eagle3kit_server, ["regenerate", "--target", "tiny-chat", "--endpoint",
                                          server.url, "--concurrency", "1", "-i", data, "-o",
                                          out])
         try:
             assert server.held.wait(60), proc.stderr.read().decode()
-            _wait_for_lines(proc, out, 2, timeout=10)
+            _wait_for_lines(proc, partial, 2, timeout=10)
         finally:
             proc.kill()
             proc.wait()
     lines = full.stdout_bytes.splitlines(keepends=True)
-    assert out.read_bytes() == b"".join(lines[:2])
+    assert partial.read_bytes() == b"".join(lines[:2]) and not out.exists()
     with ChatServer() as server:
         r = endpoint_run(server.url, data, "-o", out, "--resume")
     assert r.exit_code == 0, r.output
@@ -658,23 +676,39 @@ def test_progress_lines_in_a_log(target, chats, reference, monkeypatch):
     assert "eta" not in lines[-1], r.stderr  # nothing left to wait for
 
 
-def test_a_cache_and_step_that_do_not_fit_the_device_exit_4_naming_what_to_lower(
-        target, chats, tmp_path):
-    """The engine's pre-flight estimate (KV cache and a step's temporaries) against the
-    free memory, here capped by EAGLE3KIT_DEVICE_MEMORY (CPUs report none): one line, exit 4,
-    the flags to lower, no output file. 4 slots x 256 positions of the tiny target need
-    about 0.4 MiB of cache; 512 slots x 256 do not fit 8 MiB, 4 slots do."""
+def test_the_cache_is_sized_to_the_work_and_what_cannot_fit_exits_4(target, tmp_path,
+                                                                    monkeypatch):
+    """The KV cache holds no more rows than conversations and no more positions than the
+    longest prompt plus --max-new-tokens (issue 39, item 6: the defaults, 64 slots x 4096
+    positions, were killed on a CPU for two conversations). What cannot fit, against the free
+    memory (capped by EAGLE3KIT_DEVICE_MEMORY, and on a CPU the host's available memory), is
+    one line, exit 4, the flags to lower, no output file."""
+    data = tmp_path / "in.jsonl"  # prompts of 129-252 tokens: 256 positions, as COMMON's
+    data.write_bytes(b"".join(encode(ChatRecord(str(i), "t", [
+        Message("user", "Tell me about the weather " * 20), Message("assistant", "Hello")]))
+        for i in range(4)))
     out = tmp_path / "x.jsonl"
-    args = ["--target", target, "-i", chats, "-o", out, "--limit", "1", "--max-new-tokens",
-            "4", "--max-context", "256", "--target-dtype", "float32", "--mesh",
-            "data=1,tensor=1"]
-    r = runner.invoke(app, ["regenerate", *map(str, args), "--slots", "512"],
-                      env={"COLUMNS": "250", "EAGLE3KIT_DEVICE_MEMORY": "8M"})
-    assert r.exit_code == 4, r.output
-    line = r.output.strip()
-    assert line.startswith("error: out of device memory for --slots 512 x --max-context 256")
-    assert "lower --slots or --max-context" in line and len(line.splitlines()) == 1
-    assert not out.exists()
-    r = runner.invoke(app, ["regenerate", *map(str, args), "--slots", "4"],
+    args = ["--target", target, "-i", data, "-o", out, "--max-new-tokens", "4",
+            "--max-context", "256", "--target-dtype", "float32", "--mesh", "data=1,tensor=1",
+            "--slots", "512"]
+    # four conversations: 4 rows x 256 positions fit 8 MiB, 512 x 256 did not
+    r = runner.invoke(app, ["regenerate", *map(str, args)],
                       env={"COLUMNS": "250", "EAGLE3KIT_DEVICE_MEMORY": "8M"})
     assert r.exit_code == 0, r.output
+    assert "4 slots x 256 positions" in r.output and len(records(out.read_bytes())) == 4
+    out.unlink()
+    r = runner.invoke(app, ["regenerate", *map(str, args)],
+                      env={"COLUMNS": "250", "EAGLE3KIT_DEVICE_MEMORY": "16K"})
+    assert r.exit_code == 4, r.output
+    line = r.output.strip()
+    assert line.startswith("error: out of device memory for --slots 512 x --max-context 256 "
+                           "(4 x 256 for this input): "), line
+    assert "lower --slots or --max-context" in line and len(line.splitlines()) == 1
+    assert not out.exists() and not (tmp_path / "x.jsonl.partial").exists()
+    # a CPU reports no device memory: the host's available memory is what a cache can take
+    from eagle3kit.decode import engine
+
+    monkeypatch.setattr(engine, "host_available_bytes", lambda: 16 * 1024)
+    r = runner.invoke(app, ["regenerate", *map(str, args)], env={"COLUMNS": "250"})
+    assert r.exit_code == 4 and "more than the 0.00 GiB free" in r.output, r.output
+    assert not out.exists()

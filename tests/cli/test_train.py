@@ -84,6 +84,8 @@ def test_train_resume_equals_uninterrupted(a, tmp_path):
     # interrupted by the wall-clock limit after step 1 (its compilation alone takes longer)
     r = invoke(base_args(a, first, "--max-steps", "4", "--time-limit", "1"))
     assert r.exit_code == 75 and "--resume" in r.output, r.output
+    # a stop that was asked for is no error; no rate before one was measured (issue 39)
+    assert "error:" not in r.output and " 0 tok/s" not in r.output, r.output
     assert not (first / "final").exists()
     r = invoke(base_args(a, first, "--max-steps", "2", "--resume"))  # a capped run ...
     assert r.exit_code == 0, r.output
@@ -182,12 +184,32 @@ def test_refuses_existing_run_and_changed_config(a, tmp_path):
     assert r.exit_code == 3 and "--seed" in r.output and "in another --out" in r.output
 
 
+def test_refuses_a_folder_holding_another_tools_config(a, tmp_path):
+    """A model or export folder (its config.json is Hugging Face's, SGLang's) is not a run
+    directory: refused before any loading, its config.json left as it was (issue 39)."""
+    out = tmp_path / "export"
+    out.mkdir()
+    config = out / "config.json"
+    shutil.copy(a / "target" / "config.json", config)
+    before = config.read_bytes()
+    for extra in ([], ["--resume"]):
+        r = invoke(base_args(a, out, "--max-steps", "1", *extra))
+        assert r.exit_code == 2, r.output
+        assert r.output == (f"error: {out}: holds a config.json that no eagle3kit training run "
+                            "wrote (a model or an export?); training would replace it: choose "
+                            "another --out\n"), r.output
+    assert config.read_bytes() == before and [p.name for p in out.iterdir()] == ["config.json"]
+
+
 def test_eagle31_draft_trains_and_its_architecture_is_kept(a, tmp_path):
     out = tmp_path / "run"
     r = invoke(base_args(a, out, "--max-steps", "2", "--arch", "eagle3.1"))
     assert r.exit_code == 0, r.output
     final = load_draft(out / "final")
     assert final.config.arch == "eagle3.1" and final.training["arch"] == "eagle3.1"
+    # what the card says of a run cut short and of a filled vocab (issue 39, item 9)
+    assert (final.training["steps"], final.training["planned_steps"]) == (2, 9)
+    assert isinstance(final.training["vocab_filled"], int)
     assert final.weights.fc_norm.shape == (3, final.config.target_hidden_size)
     assert all(np.isfinite(x).all() for _, x in losses(out))
     # the norms trained: the fc norms moved away from their initial ones
@@ -256,6 +278,15 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(a, tmp_path):
     assert not (out / "final").exists()
     saved = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert saved and all(not p.startswith(".") for p in saved)
+    # diverged before its first checkpoint: no step to --resume from is named (issue 39)
+    early = tmp_path / "early"
+    args = base_args(a, early, "--max-steps", "6", "--save-every", "100", "--warmup-ratio", "0")
+    args[args.index("1e-3")] = "1e30"
+    r = invoke(args)
+    assert r.exit_code == 5, r.output
+    assert "No checkpoint was written before it" in r.output, r.output
+    assert "last good checkpoint" not in r.output and "then --resume" not in r.output
+    assert not (early / "checkpoints").exists() or not any((early / "checkpoints").iterdir())
 
 
 def test_loss_and_step_weights_are_trained_recorded_and_pinned(a, tmp_path):
@@ -310,7 +341,7 @@ def test_help_has_example():
 @pytest.mark.parametrize("option,value,message", [
     ("--lr", "-1", "--lr -1: must be a positive number"),
     ("--lr", "0", "--lr 0: must be a positive number"),
-    ("--decay", "-2", "--decay -2: must be a positive number"),
+    ("--decay", "-2", "--decay -2: must be in (0, 1]"),
     ("--clip-norm", "0", "--clip-norm 0: must be a positive number"),
     ("--warmup-ratio", "1", "--warmup-ratio 1: must be in [0, 1)"),
     ("--epochs", "0", "--epochs 0: must be at least 1"),

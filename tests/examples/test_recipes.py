@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -115,7 +116,10 @@ def ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 
 def check_card(card: str, family: str, prompt_sets: tuple[str, ...] = ()) -> None:
     assert f"base_model: {HUB_IDS[family]}" in card
-    for row in ("| Epochs | 1 |", "| Optimizer steps | 4 |", "| TTT length | 2 steps", "| Batch | B=2, sequence length "
+    # MAX_STEPS 4 stops the run inside its one epoch: the card says so (issue 39, item 9)
+    assert re.search(r"\| Epochs \| (1|0\.\d+ of the 1 planned \(stopped by --max-steps "
+                     r"at step 4 of \d+\)) \|", card), card
+    for row in ("| Optimizer steps | 4 |", "| TTT length | 2 steps", "| Batch | B=2, sequence length "
                 "T=128, gradient accumulation 1 |", "| Learning rate | 0.0003 peak"):
         assert row in card, row
     # one acceptance row per eval file the recipe wrote

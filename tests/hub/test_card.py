@@ -197,3 +197,49 @@ def test_the_title_names_the_drafts_method(target, tmp_path, arch, title, method
     d = make_draft(target, training=TRAINING, arch=arch)
     text = card.render_card(export_draft(d, "speculators", tmp_path / "v"), "my-org/x")
     assert title + "\n" in text and method in text
+
+
+def _sweep(speedup: float, steps: int) -> dict:
+    best = {"shape": str(steps), "steps": steps, "topk": 1, "draft_tokens": steps + 1,
+            "speedup": speedup, "batch": 1}
+    return {**GENERATE, "sweep": [], "best": {"1": best}, "best_chain": {"1": best}}
+
+
+def test_a_sweep_that_found_no_speedup_recommends_nothing(target, tmp_path):
+    """The sweep's fastest shape ran at 0.70x: the card says no shape beat plain decoding
+    and serves the export's own chain, the count its config carries (issue 39, item 8)."""
+    export = export_draft(make_draft(target, training=TRAINING), "speculators",
+                          tmp_path / "vllm", speculative_tokens=3)
+    (tmp_path / "slow.json").write_text(json.dumps(_sweep(0.7, 2)))
+    text = card.render_card(export, "my-org/x", evals=[tmp_path / "slow.json"])
+    assert "found no drafting shape faster than plain decoding at batch 1 (the best, 2, ran " \
+           "at 0.70x)" in text
+    assert "These settings were measured" not in text
+    assert '"num_speculative_tokens": 3' in text and '"num_speculative_tokens": 2' not in text
+    assert "config names the verifier and 3 speculative tokens." in text
+    # a chain that wins, of another length than the config's: the short form says so
+    (tmp_path / "fast.json").write_text(json.dumps(_sweep(1.3, 5)))
+    text = card.render_card(export, "my-org/x", evals=[tmp_path / "fast.json"])
+    assert '"num_speculative_tokens": 5' in text and "1.30x for 5" in text
+    assert "3 speculative tokens (not the 5 above: pass those with --speculative-config)" in text
+
+
+def test_a_run_cut_short_and_a_filled_vocab_are_said(target, tmp_path):
+    """--max-steps stopped the run at step 4 of 39: not "Epochs | 3"; 15 of the 40 draft ids
+    are placeholders vocab-select filled in: not "the 40 most frequent training tokens"
+    (issue 39, item 9)."""
+    training = {**TRAINING, "max_steps": 4, "steps": 4, "planned_steps": 39,
+                "vocab_filled": 15}
+    export = export_draft(make_draft(target, training=training), "sglang", tmp_path / "e")
+    text = card.render_card(export, "my-org/x")
+    assert "| Epochs | 0.31 of the 3 planned (stopped by --max-steps at step 4 of 39) |" in text
+    assert "| Optimizer steps | 4 |" in text
+    assert "the 25 tokens of the training data and 15 placeholder ids" in text
+    assert ("proposes only the 25 distinct tokens of its training data" in text
+            and "the other 15 of its 40 draft ids are placeholders" in text)
+    assert "most frequent training tokens" not in text
+    # an older record (no planned steps): what stopped it, not a number of epochs
+    older = {k: v for k, v in training.items() if k not in ("planned_steps", "vocab_filled")}
+    export = export_draft(make_draft(target, training=older), "sglang", tmp_path / "old")
+    text = card.render_card(export, "my-org/x")
+    assert "| Epochs | 3 planned; stopped by --max-steps at step 4 |" in text

@@ -17,7 +17,7 @@ import typer.core
 from rich.console import Console
 from rich.text import Text
 
-from eagle3kit.errors import InputError, UserError
+from eagle3kit.errors import InputError, ResourceError, UserError, device_out_of_memory
 
 # the exceptions of the click Typer parses with (its own copy since Typer 0.2x, else click's)
 click_errors = importlib.import_module(typer.BadParameter.__module__)
@@ -36,6 +36,9 @@ def styled(label: str, style: str, rest: str = "") -> Text:
 
 def debug_enabled() -> bool:
     return os.environ.get("EAGLE3KIT_DEBUG", "") not in ("", "0")
+
+
+STOPPED = 75  # EX_TEMPFAIL: stopped at a safe point as asked; resumable
 
 
 class Terminated(KeyboardInterrupt):
@@ -64,8 +67,23 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 PermissionError, FileExistsError) as e:
             if debug_enabled():
                 raise
-            console.print(styled("error:", "red", f" {_describe(e)}"))
-            raise typer.Exit(getattr(e, "exit_code", 2)) from None
+            code = getattr(e, "exit_code", 2)
+            if code == STOPPED:  # a stop that was asked for (a signal, --time-limit): no error
+                console.print(styled(_describe(e), "yellow"))
+            else:
+                console.print(styled("error:", "red", f" {_describe(e)}"))
+            raise typer.Exit(code) from None
+        except MemoryError:  # numpy could not allocate (ArrayMemoryError): the host's memory
+            if debug_enabled():
+                raise
+            console.print(styled("error:", "red", " out of host memory; lower the batch or "
+                                 "cache sizes (see --help)"))
+            raise typer.Exit(4) from None
+        except RuntimeError as e:  # XLA's allocator, where no job said which options to lower
+            if debug_enabled() or not device_out_of_memory(e):
+                raise
+            console.print(styled("error:", "red", f" {DEVICE_OOM}"))
+            raise typer.Exit(4) from None
         except BrokenPipeError:  # `... | head`: the reader left; not an error
             sys.stderr.close()
             raise typer.Exit(0) from None
@@ -78,6 +96,13 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             signal.signal(signal.SIGTERM, previous)
     return wrapper
+
+
+# Several processes on one GPU: JAX preallocates 75% of its memory per process, so the second
+# one's start-up (or first allocation) finds none left.
+DEVICE_OOM = ("out of device memory (another process may hold it: to run several eagle3kit "
+              "processes on one GPU, give each a share, e.g. XLA_PYTHON_CLIENT_MEM_FRACTION=0.3, "
+              "or XLA_PYTHON_CLIENT_PREALLOCATE=false)")
 
 
 def _describe(e: BaseException) -> str:
@@ -212,9 +237,14 @@ def require_files(**options: str | os.PathLike | None) -> None:
                              path=path)
 
 
-def check_output(path: str | os.PathLike | None, option: str, kind: str = "file") -> None:
+def check_output(path: str | os.PathLike | None, option: str, kind: str = "file",
+                 inputs: dict[str, str | os.PathLike | None] | None = None) -> None:
     """Fail fast: an output path can be written, before any work. One check for every command
     that writes; `-` and None (stdout, or not asked for) pass.
+
+    `inputs` (option -> path, e.g. `{"-i": input}`): the files the command reads; an output
+    that is one of them (the same file by any name) is refused, as `convert` refuses to write
+    over its source: writing it would replace what is being read.
 
     `kind`: "file" (written atomically), "dir" (a run directory written into) or "replace"
     (a directory written whole, then renamed over the path). Refuses an empty name; `.`, `..`
@@ -229,6 +259,10 @@ def check_output(path: str | os.PathLike | None, option: str, kind: str = "file"
     if not given.strip():
         raise UserError(f"{option} {given!r}: an empty path; give a file name")
     p = Path(given)
+    for name, source in (inputs or {}).items():
+        if _same_file(p, source):
+            raise UserError(f"is also the input ({name} {source}); {option} would replace it: "
+                            f"write to another file", path=given)
     if kind != "dir" and (p.name in ("", ".", "..") or p.resolve() == Path(p.resolve().anchor)):
         raise UserError(f"is an existing directory; {option} needs a new name to write",
                         path=given)
@@ -248,6 +282,35 @@ def check_output(path: str | os.PathLike | None, option: str, kind: str = "file"
     except OSError as e:
         raise UserError(f"cannot write in {parent} ({e.strerror or e}; {option})",
                         path=given) from None
+
+
+def _same_file(out: Path, source: str | os.PathLike | None) -> bool:
+    """Whether `out` names the input `source` (`-`, None and missing inputs never match)."""
+    if source is None or str(source) in ("", "-"):
+        return False
+    src = Path(source)
+    try:
+        if out.exists() and src.exists():
+            return os.path.samefile(out, src)
+    except OSError:
+        return False
+    return out.resolve() == src.resolve()
+
+
+PACKED_BYTES_PER_TOKEN = 16  # a packed batch: four int32 arrays [rows, T] (data/packing.py)
+
+
+def check_host_batch(rows: int, seq_len: int, options: str) -> None:
+    """Fail fast: a packed batch is built in host memory before it goes to the devices; one
+    whose token arrays alone exceed this machine's memory is refused (exit 4) before anything
+    loads, not a numpy MemoryError after the target has. `options`: what sets `rows`."""
+    need = rows * seq_len * PACKED_BYTES_PER_TOKEN
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > total:
+        raise ResourceError(f"{options}: a batch of {rows:,} rows x {seq_len:,} tokens needs "
+                            f"{need / 2**30:,.1f} GiB of host memory for its token arrays "
+                            f"alone, more than this machine's {total / 2**30:,.1f} GiB; lower "
+                            "them")
 
 
 def no_stdout(path: str | os.PathLike | None, option: str, what: str) -> None:

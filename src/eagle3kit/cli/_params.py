@@ -56,8 +56,10 @@ Attention = Annotated[str, typer.Option(
     help="Attention kernels: auto (on GPUs in bf16: pallas), xla, cudnn (the target and TTT "
          "step 0 through cuDNN flash attention), or pallas (the target through cuDNN, the TTT "
          "attention through a fused Pallas kernel; GPU).")]
+# a JAX key takes 32 bits: a larger or negative seed would silently be another one (2**40 is 0)
+SEED_MAX = 2**32 - 1
 Seed = Annotated[int, typer.Option(
-    help="Random seed (train: draft init and data order; eval and regenerate: sampling at "
+    min=0, max=SEED_MAX, help="Random seed (train: draft init and data order; eval and regenerate: sampling at "
          "temperature > 0).")]
 ChatTemplate = Annotated[str | None, typer.Option(
     "--chat-template",

@@ -57,6 +57,8 @@ app.command("eval")(eval_cli.eval_cmd)
 from eagle3kit.cli import convert, push  # noqa: E402, I001
 app.command("convert")(convert.convert)
 app.command("push")(push.push)
+from eagle3kit.cli import assets  # noqa: E402, I001
+app.command("assets")(assets.assets)
 
 
 def main() -> None:

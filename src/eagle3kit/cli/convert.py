@@ -65,7 +65,7 @@ def convert(
     target_name: str | None = typer.Option(None, help="Hub id of the target to record (the "
                                            "verifier vLLM loads, the card's base_model), e.g. "
                                            "when training used a local copy."),
-    speculative_tokens: int = typer.Option(3, min=1, help="Draft tokens per step recorded in "
+    speculative_tokens: int = typer.Option(3, min=1, max=64, help="Draft tokens per step recorded in "
                                            "the speculators config (vLLM's default)."),
     source_format: str = typer.Option("auto", "--from", help="Source format when detection "
                                       "is ambiguous: eagle3kit, sglang or speculators."),

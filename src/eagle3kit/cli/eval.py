@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from eagle3kit.cli._common import (
+    check_host_batch,
     check_output,
     console,
     example,
@@ -64,7 +65,7 @@ def eval_cmd(
                              "--steps is then the tree's depth (--speculative-num-steps). "
                              "Trees verify greedily at --temperature 0, by tree speculative "
                              "sampling above it."),
-    draft_tokens: int | None = typer.Option(None, min=2, help="Generation: tree nodes "
+    draft_tokens: int | None = typer.Option(None, min=2, max=1 + 64 * 16, help="Generation: tree nodes "
                                             "verified per step, the root included (SGLang's "
                                             "--speculative-num-draft-tokens; default steps "
                                             "+ 1, the chain)."),
@@ -125,12 +126,15 @@ def eval_cmd(
     from eagle3kit.jobs.evaluate import EvalConfig, run
 
     require_files(data=data)
+    if data is not None:  # teacher-forced: batches packed on the host
+        check_host_batch(batch_size, seq_len, f"--batch-size {batch_size} x --seq-len {seq_len}")
     no_stdout(plot, "--plot", "a PNG")
     if samples is not None and str(samples) == "-" and json_out:
         raise typer.BadParameter("stdout carries the --json result; write samples to a file",
                                  param_hint="--samples")
-    check_output(plot, "--plot")  # before the work, not after an hour of decoding
-    check_output(samples, "--samples")
+    reads = {"--data": data, "--prompts": prompts}
+    check_output(plot, "--plot", inputs=reads)  # before the work, not after an hour of decoding
+    check_output(samples, "--samples", inputs={**reads, "--plot": plot})
     if plot is not None:
         require_matplotlib()
     tracking = eval_tracking(track, track_dir, draft)

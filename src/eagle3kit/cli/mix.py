@@ -26,7 +26,7 @@ def mix(
     n: int | None = typer.Option(None, "-n", help="Records to write, split by weight and "
                                  "sampled without replacement (default: every record once, "
                                  "interleaved by weight)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the sampling (same seed and inputs "
+    seed: int = typer.Option(0, "--seed", min=0, max=2**32 - 1, help="Seed of the sampling (same seed and inputs "
                              "give byte-identical output)."),
     out: str = typer.Option("-", "-o", "--out", help="Output JSONL ('-' = stdout); a file is "
                             "written atomically."),
@@ -55,6 +55,9 @@ def mix(
                                  param_hint="--format")
     check_output(out, "-o")
     specs = [parse_source(s) for s in sources]
+    for spec in specs:  # writing over a source would replace what is being read
+        if not spec.location.startswith("hf:"):
+            check_output(out, "-o", inputs={"SOURCE": spec.location})
     if sum(s.location == "-" for s in specs) > 1:
         raise typer.BadParameter("stdin (-) can be read only once", param_hint="SOURCE")
     status = console.status("reading") if console.is_terminal else contextlib.nullcontext()

@@ -27,7 +27,7 @@ def regenerate(
                               "'-' = stdin."),
     out: str = typer.Option("-", "-o", "--out", help="Regenerated chat records (JSONL, what "
                             "`tokenize` reads); '-' = stdout. Written as conversations finish, "
-                            "in input order."),
+                            "in input order, to FILE.partial, renamed to FILE when complete."),
     temperature: float = typer.Option(0.0, help="0 is greedy (what the peers recommend for "
                                       "draft data from 8B targets); above 0, sampling. Small "
                                       "targets whose greedy answers loop (SmolLM2-135M): 0.7 "
@@ -36,7 +36,7 @@ def regenerate(
                                 "tokens holding this much probability."),
     top_k: int = typer.Option(0, "--top-k", help="Sampling: keep only the K most probable "
                               "tokens (before --top-p); 0 keeps all."),
-    samples: int = typer.Option(1, "--samples", help="Answers per conversation (needs "
+    samples: int = typer.Option(1, "--samples", max=1024, help="Answers per conversation (needs "
                                 "--temperature > 0), each from its own seed: records "
                                 "ID#s0..ID#s<N-1> follow each other (one: the input's id)."),
     seed: Seed = 0,
@@ -73,8 +73,8 @@ def regenerate(
     shard: str | None = typer.Option(None, help="I/N: this process takes the I-th of N "
                                      "contiguous blocks of the input (one per host); `cat` "
                                      "of the N outputs in order is the whole run."),
-    resume: bool = typer.Option(False, "--resume", help="Continue -o FILE: skip the "
-                                "conversations already in it (a torn last line is repaired)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue -o FILE (its .partial "
+                                "file): skip the conversations already in it (a torn last line is repaired)."),
     force: bool = typer.Option(False, "--force", help="Start -o FILE over if it exists."),
     slots: int = typer.Option(64, min=1, help="Local engine: conversations decoded at once "
                               "(KV cache rows); freed rows are refilled at once."),
@@ -94,7 +94,7 @@ def regenerate(
                                      "(default: the server's first model; --target names the "
                                      "run in the records when the server lists none)."),
     concurrency: int = typer.Option(16, min=1, help="--endpoint: conversations in flight."),
-    timeout: float = typer.Option(600.0, min=1.0, help="--endpoint: seconds per request."),
+    timeout: float = typer.Option(600.0, min=1.0, max=86400.0, help="--endpoint: seconds per request."),
     retries: int = typer.Option(5, min=0, help="--endpoint: retries of a failed request "
                                 "(with backoff) before giving up on the run."),
 ) -> None:
@@ -108,7 +108,8 @@ def regenerate(
 
     Generation runs on a batched engine here (continuous refill of --slots rows), or on an
     OpenAI-compatible server with --endpoint. Records are written as conversations finish;
-    after a kill, --resume continues; SIGINT/SIGTERM/SIGUSR1 stop cleanly with exit 75.
+    until all are done they are in FILE.partial (FILE appears complete or not at
+    all); after a kill, --resume continues; SIGINT/SIGTERM/SIGUSR1 stop cleanly with exit 75.
 
     Small targets loop: the local engine ends an answer whose tail repeats one block
     (--repeat-*, finish reason 'repetition'); sample them (--temperature, --top-p, --top-k)
@@ -116,7 +117,7 @@ def regenerate(
     """
     from eagle3kit.jobs.regenerate import RegenerateConfig, run
 
-    check_output(out, "-o")
+    check_output(out, "-o", inputs={"-i": input})
 
     cfg = RegenerateConfig(
         target=target, input=input, out=out, temperature=temperature, top_p=top_p, top_k=top_k,

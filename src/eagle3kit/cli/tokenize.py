@@ -14,7 +14,7 @@ from eagle3kit.cli._common import (
     require_files,
 )
 from eagle3kit.cli._params import ChatTemplate
-from eagle3kit.errors import InputError, plural
+from eagle3kit.errors import InputError, UserError, plural
 
 EXAMPLE = """
 eagle3kit mix sharegpt.json -n 1000 \\
@@ -66,7 +66,11 @@ def tokenize(
     from eagle3kit.io.atomic import open_output
 
     require_files(input=input)  # and the template (a file or a name) before the tokenizer
-    check_output(out, "-o")
+    check_output(out, "-o", inputs={"-i": input})
+    if jobs is not None and jobs > 4 * default_jobs():  # each worker holds a tokenizer
+        raise UserError(f"-j {jobs}: more than 4 worker processes per core ("
+                        f"{plural(default_jobs(), 'core')} here); give at most "
+                        f"{4 * default_jobs()}")
     if chat_template:
         load_chat_template(chat_template)  # a file that is no template fails before loading
     with console.status(f"loading tokenizer {tokenizer}"):

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from eagle3kit.cli._common import (
+    check_host_batch,
     check_output,
     console,
     example,
@@ -127,6 +128,9 @@ def train(
     options["track"] = parse_track(options["track"])
     options["profile_steps"] = _parse_steps(options["profile_steps"])
     cfg = TrainConfig.from_options(**options)  # validates every option, before any loading
+    _check_processes(*multihost)
+    check_host_batch(cfg.batch_size * cfg.grad_accum, cfg.seq_len,
+                     f"--batch-size {cfg.batch_size} x --grad-accum {cfg.grad_accum}")
     no_stdout(out, "--out", "a run directory")
     require_files(data=data, vocab=vocab, eval_data=eval_data)
     if out.exists() and not out.is_dir():
@@ -140,6 +144,18 @@ def train(
 
         common.init_distributed(*multihost)
         run(cfg, console, stop)
+
+
+def _check_processes(coordinator: str | None, count: int | None, index: int | None) -> None:
+    """Multi-host options that jax.distributed cannot start with, as one line each."""
+    if count is not None and count < 1:
+        raise UserError(f"--num-processes {count}: must be at least 1")
+    if index is not None and not 0 <= index < (count or 1):
+        raise UserError(f"--process-id {index}: must be in [0, --num-processes "
+                        f"{count or 1})")
+    if count is not None and count > 1 and not coordinator:
+        raise UserError(f"--num-processes {count} needs --coordinator HOST:PORT (process 0's "
+                        "address)")
 
 
 def _parse_steps(text: str | None) -> tuple[int, int] | None:

@@ -47,7 +47,7 @@ def vocab_select(
     from eagle3kit.io.draft_io import write_vocab
 
     require_files(input=input)
-    check_output(out, "-o")
+    check_output(out, "-o", inputs={"-i": input})
     if out == "-" and sys.stdout.isatty():
         raise UserError("-o -: a vocab file is binary safetensors; redirect stdout to a file "
                         "or pipe, or give a file name")

@@ -675,10 +675,13 @@ def memory_estimate(tcfg: TargetConfig, cfg: EngineConfig, dtype: Any,
 def free_bytes(mesh: Mesh) -> int | None:
     """Free memory of one device: what it reports, capped by EAGLE3KIT_DEVICE_MEMORY (bytes,
     or with a K/M/G/T suffix: plan as if each device had that much, e.g. to leave room for
-    another process). None where neither says (CPU)."""
+    another process). A CPU device reports none: its memory is the host's, what the kernel
+    says is available, shared by the mesh's devices."""
     stats = mesh.devices.flat[0].memory_stats() or {}
     free = stats["bytes_limit"] - stats.get("bytes_in_use", 0) if "bytes_limit" in stats \
         else None
+    if free is None and mesh.devices.flat[0].platform == "cpu":
+        free = host_available_bytes() // mesh.devices.size
     given = os.environ.get("EAGLE3KIT_DEVICE_MEMORY", "").strip()
     if given:
         m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", given.upper())
@@ -688,6 +691,19 @@ def free_bytes(mesh: Mesh) -> int | None:
         cap = int(float(m[1]) * 1024 ** " KMGT".index(m[2] or " "))
         free = cap if free is None else min(free, cap)
     return free
+
+
+def host_available_bytes() -> int:
+    """The host memory a new allocation can take (MemAvailable: free memory and page cache
+    the kernel can drop), else all of it where /proc/meminfo is not there."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def check_memory(need: dict[str, int], mesh: Mesh) -> None:

@@ -86,6 +86,12 @@ def detect_format(directory: str | os.PathLike) -> str:
             found.append("sglang")  # midlayer tensors under a generic Llama architecture
     if len(found) == 1:
         return found[0]
+    final = directory / "final"
+    if not found and ((directory / "checkpoints").is_dir() or is_draft_dir(final)):
+        raise InputError(f"is a training run, not a draft; its draft is {final}" if
+                         is_draft_dir(final) else "is a training run with no final draft yet "
+                         "(it stopped at a checkpoint: finish it with train --resume)",
+                         path=directory)
     if not found:
         seen = ", ".join(sorted(p.name for p in directory.iterdir())[:8]) or "nothing"
         arch = f" (architectures {config.get('architectures')})" if config else ""
@@ -221,5 +227,8 @@ def export_draft(draft: Draft, fmt: str, out_dir: str | os.PathLike, dtype: str 
         else:
             speculators.write(tmp, draft, dtype, speculative_tokens)
         common.write_sidecar(tmp, draft, fmt, dtype, {
-            "speculative_tokens": speculative_tokens, "source": source or ""})
+            "speculative_tokens": speculative_tokens, "source": source or "",
+            # what `eval --json` of the source and of this export record (push checks)
+            "draft_digest": common.draft_digest(draft),
+            "export_digest": common.draft_digest(draft, via=dtype)})
     return out

@@ -291,6 +291,24 @@ def read_sidecar(directory: str | os.PathLike) -> dict[str, Any] | None:
     return meta
 
 
+def draft_digest(draft: Draft, via: str | None = None) -> str:
+    """16 hex digits naming a draft's weights and vocabulary whatever format holds it: the
+    weights in layer order (`in_layer_order`), rounded to bfloat16 (an fp32 training output
+    and its bf16 export agree), after a round trip through `via` (an export's dtype) when
+    given; and the vocabulary's target ids. `eval --json` records it, an export's sidecar
+    records its source's and its own, and `push` compares them."""
+    import hashlib
+
+    draft = in_layer_order(draft)
+    h = hashlib.sha256(np.asarray(draft.vocab.used_ids, np.int64).tobytes())
+    for name, w in sorted(arrays(draft.weights).items()):
+        x = np.asarray(w, np.float32)
+        if via is not None:
+            x = x.astype(DTYPES[via]).astype(np.float32)
+        h.update(name.encode() + x.astype(DTYPES["bfloat16"]).tobytes())
+    return h.hexdigest()[:16]
+
+
 def in_layer_order(draft: Draft) -> Draft:
     """The same draft with its capture layers ascending and fc's input blocks permuted to
     match: engines concatenate the captured states in layer order, whatever order the config

@@ -20,7 +20,7 @@ import msgspec
 from eagle3kit import __version__
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.data.records import display_name, open_input
-from eagle3kit.errors import InputError
+from eagle3kit.errors import InputError, MismatchError
 from eagle3kit.formats import common
 from eagle3kit.hub import sections
 from eagle3kit.io.hub import is_hub_id
@@ -70,6 +70,10 @@ class EvalResult(msgspec.Struct, forbid_unknown_fields=False):
     sweep: list[dict[str, Any]] = []
     best: dict[str, dict[str, Any]] = {}
     best_chain: dict[str, dict[str, Any]] = {}
+    # provenance: the draft measured, as given to eval, and its digest (formats.common)
+    draft: str | None = None
+    draft_digest: str | None = None
+    origin: str = ""  # the file it was read from (set by load_evals)
 
 
 # What every `eval --json` result carries (older ones too); a train metrics.jsonl row or any
@@ -92,7 +96,7 @@ def load_evals(path: str | os.PathLike) -> list[EvalResult]:
         if not line.strip():
             continue
         try:
-            out.append(_eval_result(msgspec.json.decode(line), where, number))
+            out.append(_eval_result(msgspec.json.decode(line), f"{where}:{number}", None))
         except msgspec.DecodeError as e:
             raise InputError(f"not an eval result ({e})", path=where, line=number) from None
     if not out:
@@ -113,7 +117,7 @@ def _eval_result(obj: object, where: str, line: int | None) -> EvalResult:
     if result.mode not in _MODES or not result.acc:
         raise InputError(f"not an eval result (mode {result.mode!r}, {len(result.acc)} acc "
                          "values)", path=where, line=line)
-    return result
+    return msgspec.structs.replace(result, origin=where)
 
 
 @dataclasses.dataclass
@@ -142,18 +146,53 @@ def read_export(export_dir: str | os.PathLike) -> dict[str, Any]:
         raise InputError("no such directory", path=directory)
     meta = common.read_sidecar(directory)
     if meta is None:
-        hint = ("an eagle3kit training output; convert it first: eagle3kit convert "
-                f"{directory} --to sglang -o export/sglang"
+        hint = ("an eagle3kit draft, which engines do not load; convert it first: eagle3kit "
+                f"convert {directory} --to sglang -o {_new_name(directory, 'sglang')}"
                 if (directory / "draft_config.json").exists()
                 else "not written by `eagle3kit convert`")
         raise InputError(f"no {common.SIDECAR}: {hint}", path=directory)
     return meta
 
 
+def _new_name(directory: Path, suffix: str) -> Path:
+    """A sibling of `directory` that does not exist yet: NAME-sglang, NAME-sglang-2, ..."""
+    base = directory.resolve()
+    base = base.with_name(f"{base.name}-{suffix}") if base.name else Path(f"export-{suffix}")
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate if directory.is_absolute() else Path(os.path.relpath(candidate))
+
+
+def check_provenance(meta: dict[str, Any], evals, export_dir: str | os.PathLike) -> None:
+    """Each eval result must have measured this export's draft: its digest is the source's
+    or the export's (an eval of another draft is refused, exit 3); a result or an export from
+    before digests were recorded gets a warning naming what cannot be checked."""
+    import logging
+
+    ours = {meta.get("draft_digest"), meta.get("export_digest")} - {None}
+    source = meta.get("source") or "?"
+    for e in evals:
+        where = e.origin or "an eval result"
+        if e.draft_digest and ours and e.draft_digest not in ours:
+            raise MismatchError(f"measured another draft ({e.draft or '?'}, digest "
+                                f"{e.draft_digest}) than the one exported here (from "
+                                f"{source}, digest {meta['draft_digest']}); evaluate the "
+                                f"exported draft (eval --draft {export_dir}) or leave this "
+                                "--eval out", path=where)
+        if not (e.draft_digest and ours):
+            logging.getLogger("eagle3kit.hub").warning(
+                "%s: cannot check that it measured this export's draft (no digest recorded; "
+                "it measured %s, the export was made from %s)", where, e.draft or "?",
+                source)
+
+
 def card_inputs(export_dir: str | os.PathLike, repo_id: str, *, evals=(),
                 license: str | None = None) -> CardInputs:
     directory = Path(export_dir)
     meta = read_export(directory)
+    check_provenance(meta, evals, export_dir)
     target = meta.get("target") or {}
     name = target.get("name", "")
     hf = target.get("config") or {}

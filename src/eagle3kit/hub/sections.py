@@ -24,7 +24,7 @@ _FOLDED = {"epochs", "lr", "batch_size", "seq_len", "grad_accum", "ttt_length", 
            "dtype", "mesh", "devices", "device_kind", "steps", "wall_time_s", "data_records",
            "data_tokens", "data", "optimizer", "schedule", "b1", "b2", "weight_decay",
            "clip_norm", "min_lr_ratio", "decay", "target_dtype", "eval_data", "init_from",
-           "loss", "position_weights"}
+           "loss", "position_weights", "planned_steps", "vocab_filled"}
 _OPERATIONAL = {"out", "vocab", "target", "resume", "save_every", "keep_checkpoints",
                 "log_every", "eval_every", "attention", "max_steps", "aux_layer_ids",
                 "coordinator", "num_processes", "process_id", "time_limit", "track"}
@@ -91,6 +91,15 @@ def _shapes(c: CardInputs) -> tuple[tuple[int, int, int], int, str | None]:
     if won is None:
         return (n, 1, n + 1), n, None
     best, chain, device, batch = won
+    if best["speedup"] <= 1:  # nothing to recommend: no shape beat plain decoding
+        return (n, 1, n + 1), n, (
+            f"eagle3kit eval --sweep on {device} found no drafting shape faster than plain "
+            f"decoding at batch {batch} (the best, {best['shape']}, ran at "
+            f"{best['speedup']:.2f}x): the settings above are the export's chain of {n}, "
+            "not a measured recommendation; measure on your hardware before serving with "
+            "speculative decoding.\n")
+    if chain is not None and chain["speedup"] <= 1:
+        chain = None
     k = chain["steps"] if chain else n
     note = (f"These settings were measured on {device} with eagle3kit eval --sweep (batch "
             f"{batch}: {best['speedup']:.2f}x for {best['shape']}"
@@ -123,7 +132,9 @@ def usage(c: CardInputs) -> str:
             f"\"model\": \"{repo}\", \"num_speculative_tokens\": {n}}}'\n```\n")
         if c.engine_format == "speculators":
             out.append("The short form `vllm serve " + repo + "` also works: the config names "
-                       "the verifier and the number of speculative tokens.\n")
+                       f"the verifier and {c.speculative_tokens} speculative tokens"
+                       + (f" (not the {n} above: pass those with --speculative-config)"
+                          if n != c.speculative_tokens else "") + ".\n")
     else:
         out.append("### vLLM\n\nThis SGLang-format export reads non-default target layers, "
                    "recorded in SGLang's convention, which vLLM does not read. Use the "
@@ -185,7 +196,7 @@ def _training_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
         add("Held-out data", Path(str(t["eval_data"])).name)
     if _present(t, "init_from"):
         add("Initialised from", _num(t["init_from"]))
-    add("Epochs", _num(t["epochs"]) if _present(t, "epochs") else None)
+    add("Epochs", _epochs(t) if _present(t, "epochs") else None)
     if _present(t, "steps"):
         # a run that was not cut short by --max-steps spent the same steps on every epoch
         per_epoch = (f" ({_num(round(t['steps'] / t['epochs']))} per epoch)"
@@ -221,6 +232,26 @@ def _training_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
         if t[key] is not None and len(_num(t[key])) <= 80:
             add(key, _num(t[key]))
     return rows
+
+
+def _epochs(t: dict[str, Any]) -> str:
+    """The epochs trained: --epochs, unless --max-steps stopped the run sooner (then the share
+    of the planned steps, when the run recorded them, else what stopped it)."""
+    planned, steps, cap = t.get("planned_steps"), t.get("steps"), t.get("max_steps")
+    if planned and steps is not None and steps < planned:
+        done = t["epochs"] * steps / planned
+        return (f"{done:.2g} of the {_num(t['epochs'])} planned (stopped by --max-steps at "
+                f"step {_num(steps)} of {_num(planned)})")
+    if cap is not None and steps is not None and steps >= cap:
+        return f"{_num(t['epochs'])} planned; stopped by --max-steps at step {_num(steps)}"
+    return _num(t["epochs"])
+
+
+def _frequent(c: CardInputs) -> tuple[int, int]:
+    """(draft ids that are frequent training tokens, ids vocab-select filled in because
+    fewer distinct tokens occurred in its data)."""
+    filled = int(c.training.get("vocab_filled") or 0)
+    return c.draft.draft_vocab_size - filled, filled
 
 
 def _loss(t: dict[str, Any]) -> str:
@@ -333,8 +364,7 @@ def architecture(c: CardInputs) -> str:
                             f"{d.head_dim})"),
         ("Intermediate size", _num(d.intermediate_size)),
         ("Target vocabulary", _num(d.vocab_size)),
-        ("Draft vocabulary", f"{_num(d.draft_vocab_size)} (most frequent target tokens; "
-                             "d2t/t2d map them)"),
+        ("Draft vocabulary", _draft_vocab(c)),
         ("Target layers read", f"hidden_states {ids} (inputs of layers {ids}; SGLang ids "
                                f"{[i - 1 for i in ids]})"),
         ("Residual", "normed hidden (norm_before_residual)" if d.norm_before_residual
@@ -350,6 +380,15 @@ def architecture(c: CardInputs) -> str:
               "the engines ignore it.\n")
 
 
+def _draft_vocab(c: CardInputs) -> str:
+    frequent, filled = _frequent(c)
+    if not filled:
+        return (f"{_num(c.draft.draft_vocab_size)} (most frequent target tokens; d2t/t2d map "
+                "them)")
+    return (f"{_num(c.draft.draft_vocab_size)}: the {_num(frequent)} tokens of the training "
+            f"data and {_num(filled)} placeholder ids (d2t/t2d map them)")
+
+
 def limitations(c: CardInputs) -> str:
     d = c.draft
     items = [f"Works only with `{c.target_name}`: it reads that model's hidden states and "
@@ -358,7 +397,14 @@ def limitations(c: CardInputs) -> str:
              "Acceptance depends on the prompt distribution; languages and domains absent "
              "from the training data accept fewer tokens."
              + ("" if c.evals else " No acceptance was measured for this card.")]
-    if d.draft_vocab_size < d.vocab_size:
+    frequent, filled = _frequent(c)
+    if filled:
+        items.append(f"The draft proposes only the {frequent:,} distinct tokens of its "
+                     f"training data ({_pct(frequent / d.vocab_size)} of the vocabulary); "
+                     f"the other {filled:,} of its {d.draft_vocab_size:,} draft ids are "
+                     "placeholders `vocab-select` filled in, tokens it never saw. Other "
+                     "tokens are never drafted, though the target still generates them.")
+    elif d.draft_vocab_size < d.vocab_size:
         items.append(f"The draft proposes only the {d.draft_vocab_size:,} most frequent "
                      f"training tokens ({_pct(d.draft_vocab_size / d.vocab_size)} of the "
                      "vocabulary); other tokens are never drafted, though the target still "

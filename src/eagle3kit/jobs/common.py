@@ -20,7 +20,13 @@ from eagle3kit.core.metrics import StepCounts, summarize
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.data.fingerprint import Fingerprint, require_same, tokenizer_fingerprint
 from eagle3kit.data.packing import TokenDocs, pack_epoch
-from eagle3kit.errors import InputError, MismatchError, ResourceError, UserError
+from eagle3kit.errors import (
+    InputError,
+    MismatchError,
+    ResourceError,
+    UserError,
+    device_out_of_memory,
+)
 from eagle3kit.io import dtypes
 from eagle3kit.io.checkpoints import file_sha256
 from eagle3kit.io.draft_io import Draft
@@ -89,7 +95,7 @@ def out_of_memory(shape: str, advice: str) -> Iterator[None]:
     except OutOfMemory as e:
         raise ResourceError(f"out of device memory for {shape}: {e}; {advice}") from None
     except Exception as e:
-        if "RESOURCE_EXHAUSTED" in str(e) or "out of memory" in str(e).lower():
+        if device_out_of_memory(e):
             raise ResourceError(f"out of device memory for {shape}: {advice}") from None
         raise
 

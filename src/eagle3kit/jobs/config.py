@@ -112,7 +112,7 @@ def defaults() -> TrainConfig:
 def _validate(c: TrainConfig) -> None:
     """Every option a run cannot start with, refused before anything is loaded."""
     o, t = c.optim, c.ttt
-    positive = {"--lr": o.lr, "--decay": t.decay, "--clip-norm": o.clip_norm}
+    positive = {"--lr": o.lr, "--clip-norm": o.clip_norm}
     for name, value in positive.items():
         if not (math.isfinite(value) and value > 0):
             raise UserError(f"{name} {value:g}: must be a positive number")
@@ -124,6 +124,8 @@ def _validate(c: TrainConfig) -> None:
     for name, value in at_least_one.items():
         if value < 1:
             raise UserError(f"{name} {value}: must be at least 1")
+    if not 0 < t.decay <= 1:  # above 1 the later steps' weights grow past float32's range
+        raise UserError(f"--decay {t.decay:g}: must be in (0, 1]")
     if c.seq_len < 16:
         raise UserError(f"--seq-len {c.seq_len}: must be at least 16")
     if not 0 <= o.warmup_ratio < 1:

@@ -68,8 +68,7 @@ class Client:
             if attempt < self.retries:
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
-        raise ResourceError(f"{self.base}{path}: {error} (after {self.retries} retries); the "
-                            "records written so far are kept: --resume once it answers")
+        raise ResourceError(f"{self.base}{path}: {error} (after {self.retries} retries)")
 
     def models(self) -> list[str]:
         return [m["id"] for m in self._call("/models").get("data", [])]
@@ -225,6 +224,12 @@ def run(cfg, records: list[ChatRecord], done: collections.Counter,
             try:
                 conv.drive(Server(client, cfg.concurrency), work, lambda w: w.dialogue.prompt(),
                            request, answered, runner.finish, synced)
+            except ResourceError as e:  # the server went away mid-run: say what is kept
+                if cfg.out == "-" or not (counts.written or counts.resumed):
+                    raise
+                raise ResourceError(f"{e}; the records written so far are kept in "
+                                    f"{job.partial_path(cfg.out)}: --resume once it answers"
+                                    ) from None
             finally:
                 writer.sync()
     finally:

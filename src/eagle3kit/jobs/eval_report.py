@@ -47,7 +47,10 @@ def print_report(console, r: dict[str, Any]) -> None:
     if r.get("concurrency") or r.get("sweep"):
         console.print(batched_table(r))
         for b, e in (r.get("best") or {}).items():
-            console.print(f"fastest at batch {b}: {e['shape']} ({e['speedup']:.2f}x)")
+            console.print(f"fastest at batch {b}: {e['shape']} ({e['speedup']:.2f}x)"
+                          if e["speedup"] > 1 else f"at batch {b} no shape beat plain "
+                          f"decoding (the best, {e['shape']}, ran at {e['speedup']:.2f}x): "
+                          "speculative decoding does not pay here")
 
 
 def batched_table(r: dict[str, Any]) -> Table:

@@ -41,6 +41,7 @@ from eagle3kit.decode.conversations import Dialogue, Turn
 from eagle3kit.decode.engine import Request
 from eagle3kit.decode.speculative import DecodeConfig, Speculation
 from eagle3kit.errors import InputError, UserError
+from eagle3kit.formats.common import draft_digest
 from eagle3kit.io.atomic import open_output
 from eagle3kit.io.hf import TargetCheckpoint, load_target, resolve_target
 from eagle3kit.jobs import common, eval_batched
@@ -196,7 +197,8 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     console.print(f"eval: draft {cfg.draft} on {tcfg.name} "
                   f"({jax.device_count()} x {_device()}; weights loaded in "
                   f"{time.perf_counter() - t0:.1f}s)")
-    base = {"draft": cfg.draft, "target": tcfg.name, "steps": cfg.steps, "device": _device()}
+    base = {"draft": cfg.draft, "draft_digest": draft_digest(draft), "target": tcfg.name,
+            "steps": cfg.steps, "device": _device()}
     if not generate:
         progress = Progress(console, "teacher-forced batches")
         with progress, common.out_of_memory(

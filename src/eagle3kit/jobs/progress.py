@@ -50,6 +50,12 @@ class Progress:
             self.console.print(f"{self.label} {done:,}{of}  {info}".rstrip())
 
 
+def per_second(rate: float) -> str:
+    """A rate as a progress line shows it: whole numbers from 100 up, else three digits
+    (0.42, not 0: a big target on a CPU makes less than a token a second)."""
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
 class TrainProgress(Progress):
     """step, epoch, loss, acc_0, tokens/s; `update` returns the measured tokens/s."""
 
@@ -60,10 +66,11 @@ class TrainProgress(Progress):
     def update(self, step: int, record: dict[str, Any], t: float) -> float:
         # tokens/s between consecutive fetched steps; the first step includes compilation
         tps = 0.0 if self._last_t is None else record["tokens"] / max(t - self._last_t, 1e-9)
+        rate = "" if self._last_t is None else f"  {per_second(tps)} tok/s"  # none measured
         self._last_t = t
         super().update(step, info=f"epoch {record['epoch']}  loss {record['loss']:.4f}  "
-                                  f"acc_0 {record['acc'][0]:.3f}  tau {record['tau']:.2f}  "
-                                  f"{tps:,.0f} tok/s")
+                                  f"acc_0 {record['acc'][0]:.3f}  tau {record['tau']:.2f}"
+                                  + rate)
         return round(tps, 1)
 
     def note_eval(self, record: dict[str, Any]) -> None:

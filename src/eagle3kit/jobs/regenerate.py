@@ -4,9 +4,11 @@ Conversations are read whole first (so bad input fails before any weight is load
 total is known), then answered turn by turn (decode/conversations.py) by the batched engine
 (decode/engine.py) or an OpenAI-compatible server (jobs/endpoint.py). Records are written in
 input order as soon as every conversation before them is done, flushed at once and fsynced
-every few seconds: a kill loses at most the conversations in flight, and `--resume` skips the
-ids already in the output (repairing a torn last line) and continues. SIGINT and SIGTERM stop
-at the next sync, keep what is written and exit 75, like `train` (jobs/preempt.py).
+every few seconds, to `OUT.partial`, renamed to OUT once every conversation is done: a file
+under the asked name is always complete. A kill loses at most the conversations in flight,
+and `--resume` skips the ids already in the partial file (repairing a torn last line) and
+continues. SIGINT and SIGTERM stop at the next sync, keep what is written and exit 75, like
+`train` (jobs/preempt.py).
 
 Sharding across hosts (`--shard I/N`): process I takes the I-th contiguous block of the input,
 so `cat` of the N outputs in order is the whole run in input order.
@@ -51,6 +53,7 @@ from eagle3kit.decode.sampling import sampling_problem
 from eagle3kit.errors import InputError, MismatchError, UserError, plural
 from eagle3kit.jobs import common
 from eagle3kit.jobs.preempt import Preempted, Preemption
+from eagle3kit.jobs.progress import per_second
 
 TURNS = ("all", "first")
 ON_REPETITION = ("keep", "drop-answer", "drop-conversation")
@@ -130,6 +133,9 @@ def check_config(cfg: RegenerateConfig) -> tuple[int, int]:
             and Path(cfg.out).stat().st_size > 0:
         raise UserError(f"{cfg.out}: already exists; pass --resume to continue it or --force "
                         "to start over")
+    if cfg.out != "-" and not cfg.resume and not cfg.force and partial_path(cfg.out).exists():
+        raise UserError(f"{partial_path(cfg.out)}: the records of an interrupted run; pass "
+                        "--resume to continue it or --force to start over")
     if cfg.out != "-" and Path(cfg.out).is_dir():
         raise UserError(f"{cfg.out}: is a directory, expected a JSONL file")
     if cfg.endpoint and cfg.chat_template:
@@ -272,19 +278,50 @@ class OrderedWriter:
         self._synced = time.monotonic()
 
 
+def partial_path(out: str | os.PathLike) -> Path:
+    """Where records go until the run is complete: OUT.partial beside OUT."""
+    return Path(f"{out}.partial")
+
+
+def resume_source(cfg: RegenerateConfig) -> Path:
+    """What --resume continues: the partial file of an interrupted run, else a complete OUT
+    (resumed with a larger --limit, say)."""
+    partial = partial_path(cfg.out)
+    return partial if partial.exists() else Path(cfg.out)
+
+
 @contextlib.contextmanager
 def output_stream(cfg: RegenerateConfig) -> Iterator[IO[bytes]]:
+    """Stdout, or OUT.partial (appended to with --resume), renamed to OUT only when the
+    block ends without an error: an interrupted run never leaves a short file under OUT."""
+    import shutil
     import sys
+
+    from eagle3kit.io.atomic import fsync_dir
 
     if cfg.out == "-":
         yield sys.stdout.buffer
         return
     path = Path(cfg.out)
+    partial = partial_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab" if cfg.resume else "wb") as f:
+    if cfg.resume and not partial.exists() and path.exists():
+        shutil.copyfile(path, partial)  # a complete OUT stays whole until the longer one is
+    f = open(partial, "ab" if cfg.resume else "wb")  # closed on every path below
+    try:
         yield f
-    from eagle3kit.io.atomic import fsync_dir
-
+        f.flush()
+        os.fsync(f.fileno())
+    finally:
+        f.close()
+        # an empty file records nothing (every conversation dropped, or none answered
+        # before an error): removed, and an earlier OUT stays as it was; records made
+        # before an error stay in the partial file for --resume
+        if partial.stat().st_size == 0:
+            partial.unlink()
+    if not partial.exists():
+        return
+    os.replace(partial, path)
     fsync_dir(path.parent)
 
 
@@ -478,7 +515,7 @@ class Progress:
 
     def info(self) -> str:
         seconds = max(time.monotonic() - self.t0, 1e-9)
-        return f"{self.generated:,} tokens  {self.generated / seconds:,.0f} tok/s"
+        return f"{self.generated:,} tokens  {per_second(self.generated / seconds)} tok/s"
 
     def advance(self, counts: Counts) -> None:
         self.done += 1
@@ -509,7 +546,7 @@ def run(cfg: RegenerateConfig, console) -> Counts:
     records, earlier = read_input(cfg.input, cfg.limit, shard)  # bad input fails first
     if not records:
         raise InputError("no conversations to regenerate", path=display_name(cfg.input))
-    done, previous = (repair_and_scan(Path(cfg.out)) if cfg.resume
+    done, previous = (repair_and_scan(resume_source(cfg)) if cfg.resume
                       else (collections.Counter(), None))
     counts = Counts(read=len(records), samples=cfg.samples)
     if cfg.endpoint:
@@ -518,9 +555,7 @@ def run(cfg: RegenerateConfig, console) -> Counts:
         endpoint.run(cfg, records, done, previous, counts, console, earlier)
     else:
         run_local(cfg, records, done, previous, counts, console, earlier)
-    if not counts.written and not counts.resumed:
-        if cfg.out != "-" and Path(cfg.out).exists() and Path(cfg.out).stat().st_size == 0:
-            Path(cfg.out).unlink()  # nothing useful was made: leave no empty file behind
+    if not counts.written and not counts.resumed:  # (output_stream left no empty file)
         raise InputError("no conversation could be regenerated (see the counts above)",
                          path=display_name(cfg.input))
     return counts
@@ -548,9 +583,15 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
     check_resume(cfg, info, previous)
     work = plan_work(records, done, cfg.turns == "first", cfg.samples, counts, earlier)
     stops = set(stop_ids(tokenizer, ckpt, renderer))  # eval's rule: eos and end of turn
+    rows, context = cache_shape(cfg, work, renderer)
     memory = functools.partial(  # allocating the cache, or a program's temporaries
-        common.out_of_memory, f"--slots {cfg.slots} x --max-context {cfg.max_context}",
+        common.out_of_memory, f"--slots {cfg.slots} x --max-context {cfg.max_context}"
+        + (f" ({rows} x {context} for this input)"
+           if (rows, context) != (cfg.slots, cfg.max_context) else ""),
         "lower --slots or --max-context (or add devices: --mesh)")
+    # the records keep the options asked for (`info`); the engine and the turns' limits
+    # work in the sized cache, which every planned turn fits
+    cfg = dataclasses.replace(cfg, slots=rows, max_context=context)
     with memory():
         engine = make_engine(cfg, ckpt, stops, console)
     progress = Progress(console, len(work))
@@ -566,6 +607,36 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
         seconds = time.monotonic() - progress.t0
         console.print(f"regenerate: {counts.summary()}; {progress.info()} over "
                       f"{seconds:,.1f}s", soft_wrap=True)
+
+
+POSITIONS_STEP = 128  # the sized cache's positions are a multiple of this (fewer shapes)
+
+
+def cache_shape(cfg: RegenerateConfig, work: list[Work], renderer: Renderer
+                ) -> tuple[int, int]:
+    """The KV cache the work needs, within --slots and --max-context: no more rows than
+    conversations, no more positions than the longest conversation can reach (its last
+    prompt as written, original answers included, plus --max-new-tokens per answer: the
+    answers it gets in place of the originals are at most that long), so a short job on a
+    CPU does not allocate 64 x 4096 positions. Reading stops once --max-context is reached."""
+    rows = max(1, min(cfg.slots, len(work)))
+    longest, seen = 0, set()
+    for w in work:
+        d = w.dialogue
+        if id(w.record) in seen or not d.answer_at:
+            continue
+        seen.add(id(w.record))
+        try:
+            prompt = len(renderer.prompt_ids(d.kept[: d.answer_at[-1]]))
+        except RenderError:
+            continue  # ends at its first turn (Runner.prompt_ids)
+        turns = len(d.answer_at)
+        # re-rendered answers may tokenize a little differently: a few tokens per turn
+        longest = max(longest, prompt + turns * cfg.max_new_tokens + 8 * (turns - 1))
+        if longest >= cfg.max_context:
+            break
+    positions = -(-max(longest, 1) // POSITIONS_STEP) * POSITIONS_STEP
+    return rows, min(cfg.max_context, positions)
 
 
 def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
@@ -593,7 +664,9 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
         rows=cfg.slots, max_context=cfg.max_context, sync_every=cfg.sync_every,
         attention=attention,
         sampling=Sampling(cfg.temperature, cfg.top_p, cfg.top_k), seed=cfg.seed,
-        repetition=Repetition(cfg.repeat_copies, cfg.repeat_min_tokens, cfg.repeat_max_block)
+        # a block longer than the context / copies can never repeat: no arrays for it
+        repetition=Repetition(cfg.repeat_copies, cfg.repeat_min_tokens,
+                              min(cfg.repeat_max_block, max(1, cfg.max_context // 2)))
         if cfg.repeat_copies else None))
     console.print(f"regenerate with {ckpt.config.name} on {jax.device_count()} x "
                   f"{jax.devices()[0].device_kind} (mesh {','.join(f'{k}={v}' for k, v in mesh.shape.items())}; weights loaded "

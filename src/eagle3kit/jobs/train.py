@@ -54,6 +54,23 @@ _RESUMABLE = {"epochs", "max_steps", "save_every", "keep_checkpoints", "eval_eve
               "profile_steps", "track"}
 
 
+def check_run_dir(out: Path) -> None:
+    """Before any loading: a config.json in --out that a training run did not write (a model
+    or export folder, an SGLang or Hugging Face `config.json`) is refused; the run would
+    replace it with its own."""
+    recorded = out / "config.json"
+    if not recorded.is_file():
+        return
+    try:
+        record = json.loads(recorded.read_text())
+    except (UnicodeDecodeError, ValueError):
+        record = None
+    if not (isinstance(record, dict) and {"config", "fingerprints"} <= record.keys()):
+        raise UserError("holds a config.json that no eagle3kit training run wrote (a model or "
+                        "an export?); training would replace it: choose another --out",
+                        path=out)
+
+
 def _prepare_run_dir(cfg: TrainConfig, fingerprints: dict[str, Any]) -> Path:
     out = Path(cfg.out)
     recorded = out / "config.json"
@@ -113,6 +130,7 @@ class _Setup:
     fingerprints: dict[str, Any]
     mesh: Any
     init: Draft | None
+    vocab_filled: int = 0  # draft ids vocab-select filled in (tokens absent from its data)
 
 
 def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
@@ -123,6 +141,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     """
     t_start = time.time()
     stop = stop or Preemption()
+    check_run_dir(Path(cfg.out))
     common.compile_cache(console.print)  # a resumed run loads its programs from disk
     setup = _check_and_load(cfg)
     _stop_if_asked(stop, "before training started; nothing to save")
@@ -227,6 +246,10 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
             if pending is not None:
                 _report(pending, log, progress)
     except TrainingDiverged as e:
+        if not checkpoints.list_checkpoints(out):  # diverged before the first --save-every
+            raise TrainingDiverged(f"{e} No checkpoint was written before it; lower --lr or "
+                                   "raise --warmup-ratio and run again (no --resume: the run "
+                                   "starts over in the same --out).") from None
         raise TrainingDiverged(f"{e} The last good checkpoint is step {last_saved} in "
                                f"{checkpoints.checkpoint_dir(out)}; lower --lr or raise "
                                "--warmup-ratio, then --resume.") from None
@@ -236,7 +259,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
         if log:
             log.close()
     return _finish(cfg, out, state, step, setup, elapsed_before + time.time() - t_segment,
-                   console)
+                   console, planned_steps)
 
 
 def _check_and_load(cfg: TrainConfig) -> _Setup:
@@ -275,7 +298,8 @@ def _check_and_load(cfg: TrainConfig) -> _Setup:
         if init.config.arch != cfg.arch:
             raise UserError(f"--init-from {cfg.init_from} is an {init.config.arch} draft but "
                             f"--arch is {cfg.arch}; pass --arch {init.config.arch}")
-    return _Setup(docs, eval_docs, tcfg, ckpt, dcfg, vocab, fingerprints, mesh, init)
+    return _Setup(docs, eval_docs, tcfg, ckpt, dcfg, vocab, fingerprints, mesh, init,
+                  int(vfile.metadata.get("filled", 0)))
 
 
 def _stop_if_asked(stop: Preemption, what: str) -> None:
@@ -284,7 +308,7 @@ def _stop_if_asked(stop: Preemption, what: str) -> None:
 
 
 def _finish(cfg: TrainConfig, out: Path, state, step: int, setup: _Setup, wall: float,
-            console) -> Path:
+            console, planned_steps: int) -> Path:
     """Writes OUT/final: the draft with its vocab, fingerprints and training record."""
     final = out / "final"
     if jax.process_index() == 0:
@@ -292,6 +316,9 @@ def _finish(cfg: TrainConfig, out: Path, state, step: int, setup: _Setup, wall: 
         training = {**cfg.to_json(), "steps": step, "wall_time_s": round(wall),
                     "devices": jax.device_count(), "device_kind": jax.devices()[0].device_kind,
                     "data_records": len(docs), "data_tokens": docs.num_tokens,
+                    # what the card needs to say what was trained: the steps of --epochs
+                    # (--max-steps may stop sooner) and the vocab's placeholder ids
+                    "planned_steps": planned_steps, "vocab_filled": setup.vocab_filled,
                     "mesh": f"data={mesh.shape['data']},tensor={mesh.shape['tensor']}"}
         save_draft(final, Draft(setup.dcfg, state.params, setup.vocab, tcfg.name,
                                 setup.ckpt.hf_config, setup.fingerprints, training),
