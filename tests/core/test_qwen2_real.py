@@ -121,3 +121,36 @@ def test_greedy_regenerate_equals_transformers_generate(qwen, tmp_path):
         answer = tok.decode(new, skip_special_tokens=True)
         assert rec["messages"][-1] == {"role": "assistant", "content": answer}, (q, answer)
         assert turn["new_tokens"] == len(new) - (new[-1] == tok.eos_token_id)
+
+
+def test_a_template_that_refuses_a_turn(tmp_path):
+    """`tokenize` with Qwen's tokenizer and a template that refuses a system turn (as
+    templates that insist on alternating roles do): such a conversation is dropped and
+    counted; when it is every conversation, one `error:` line, exit 2, nothing written."""
+    gguf = assets.qwen_coder_05b_gguf()
+    template = tmp_path / "alternating.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System "
+        "role not supported') }}{% endif %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == "
+        "'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>{% endgeneration %}{% else "
+        "%}{{ m['content'] }}<|im_end|>{% endif %}\n{% endfor %}{% if add_generation_prompt %}"
+        "<|im_start|>assistant\n{% endif %}")
+    system = {"id": "s", "messages": [{"role": "system", "content": "Be brief."},
+                                      {"role": "user", "content": "Hi"},
+                                      {"role": "assistant", "content": "Hello."}]}
+    plain = {"id": "p", "messages": system["messages"][1:]}
+    for name, chats, code in (("both", [system, plain], 0), ("refused", [system], 2)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(c) + "\n" for c in chats))
+        out = tmp_path / f"{name}-tokens.jsonl"
+        r = CliRunner().invoke(app, ["tokenize", "--tokenizer", str(gguf), "--chat-template",
+                                     str(template), "-i", str(path), "-o", str(out), "-j", "1"],
+                               env={"COLUMNS": "250"})
+        assert r.exit_code == code, r.output
+        assert "dropped 1: the chat template refuses it" in r.output
+        if code:
+            assert r.output.strip().splitlines()[-1] == (
+                f"error: {path}: no conversation yielded a token record; nothing written")
+            assert not out.exists()
+        else:
+            assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["p"]

@@ -131,12 +131,15 @@ def test_data_step_holds_humaneval_out(tmp_path):
 
 
 def test_planted_humaneval_prompts_are_dropped(tmp_path):
-    """A source that quotes HumanEval prompts (verbatim, re-indented with a tab, inside a
-    longer question) loses those conversations and keeps the others."""
+    """A source that quotes HumanEval prompts (verbatim; re-indented with tabs and without
+    the spaces after commas and colons; inside a longer question; cut to its first half)
+    loses those conversations and keeps the others."""
     problems = humaneval()
-    p0, p1, p2 = (problems[i]["prompt"] for i in (0, 53, 120))
-    planted = [p0, p1.replace("    ", "\t"), f"Can you help me? My teacher gave me this:\n{p2}"
-               "\nI don't get it."]
+    ids = (0, 53, 120, 140)
+    p0, p1, p2, p3 = (problems[i]["prompt"] for i in ids)
+    planted = [p0, p1.replace("    ", "\t").replace(", ", ",").replace(": ", ":"),
+               f"Can you help me? My teacher gave me this:\n{p2}\nI don't get it.",
+               p3[:len(p3) // 2]]
     clean = ["Write a function that adds two numbers.", "What is a closure in Python?",
              "def add(a, b):\n    return a + b\n\nWhy does this work?"]
     chats = [{"id": f"c{i}", "conversations": [{"from": "human", "value": text},
@@ -146,10 +149,10 @@ def test_planted_humaneval_prompts_are_dropped(tmp_path):
     out = tmp_path / "r"
     mixed = out / "chats" / "mixed.jsonl"
     ok(make(str(mixed), f"OUT={out}", f"PY={sys.executable}", f"SHAREGPT={tmp_path / 's.json'}",
-            "VERSION=v1", "RECORDS=6", f"E3K={sys.executable} -m eagle3kit"))
+            "VERSION=v1", "RECORDS=7", f"E3K={sys.executable} -m eagle3kit"))
     assert sorted(json.loads(line)["id"] for line in mixed.read_text().splitlines()) == [
-        "c3", "c4", "c5"]
-    assert quoted(planted, problems) == [problems[i]["task_id"] for i in (0, 53, 120)]
+        "c4", "c5", "c6"]
+    assert quoted(planted[::2], problems) == [problems[i]["task_id"] for i in ids[::2]]
 
 
 def test_unsupported_gguf_architecture_is_one_error(tmp_path):
