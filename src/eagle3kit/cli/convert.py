@@ -16,6 +16,7 @@ from eagle3kit.cli._common import (
     styled,
 )
 from eagle3kit.errors import UserError
+from eagle3kit.formats import registry
 
 EXAMPLE = """
 eagle3kit convert runs/smollm2/final --to sglang -o export/sglang \\
@@ -26,7 +27,9 @@ eagle3kit convert ORG/Llama-3.1-8B-Eagle3 --to eagle3kit -o imported \\
   --target meta-llama/Llama-3.1-8B-Instruct
 """
 
-FORMATS = ("sglang", "speculators", "eagle3kit")
+# the registered formats when the CLI was built, for --help (the checks below ask the registry)
+_KNOWN = registry.names()
+_DISPLAYS = [f.display for f in registry.formats()]
 
 
 class _ConsoleHandler(logging.Handler):
@@ -53,9 +56,10 @@ def _check_choice(value: str, choices: tuple[str, ...], hint: str) -> str:
 
 @handle_errors
 def convert(
-    source: str = typer.Argument(..., help="Draft directory or Hub id (eagle3kit, SGLang or "
-                                 "speculators format, detected automatically)."),
-    to: str = typer.Option(..., "--to", help="Output format: sglang, speculators or eagle3kit."),
+    source: str = typer.Argument(..., help=f"Draft directory or Hub id "
+                                 f"({registry.spoken(_DISPLAYS)} format, detected "
+                                 "automatically)."),
+    to: str = typer.Option(..., "--to", help=f"Output format: {registry.spoken(_KNOWN)}."),
     out: Path = typer.Option(..., "-o", "--out", help="Output directory (must not exist)."),
     dtype: str = typer.Option("bfloat16", help="Weights of engine formats: bfloat16, float16 "
                               "or float32 (eagle3kit format always keeps float32)."),
@@ -68,13 +72,11 @@ def convert(
     speculative_tokens: int = typer.Option(3, min=1, max=64, help="Draft tokens per step recorded in "
                                            "the speculators config (vLLM's default)."),
     source_format: str = typer.Option("auto", "--from", help="Source format when detection "
-                                      "is ambiguous: eagle3kit, sglang or speculators."),
+                                      f"is ambiguous: {registry.spoken(_KNOWN)}."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output directory "
                                "that holds an earlier export (and nothing else)."),
 ) -> None:
-    """Convert a draft between eagle3kit, SGLang and speculators (vLLM) formats.
-
-    Engine exports are checked before anything is written: capture layers
+    """Engine exports are checked before anything is written: capture layers
     that fit the target, vocab sizes that agree, d2t present and valid,
     finite weights. They carry every config field the engines read
     (max_position_embeddings and rope from the target, capture layers in
@@ -85,8 +87,8 @@ def convert(
     from eagle3kit.formats import check_replaceable, common, export_draft, load_any_draft
 
     route_warnings()
-    _check_choice(to, FORMATS, "--to")
-    _check_choice(source_format, ("auto", *FORMATS), "--from")
+    _check_choice(to, registry.names(), "--to")
+    _check_choice(source_format, ("auto", *registry.names()), "--from")
     dtype = common.dtype_name(dtype)
     no_stdout(out, "-o", "an export (a directory of files)")
     check_output(out, "-o", "replace")
@@ -101,8 +103,9 @@ def convert(
     path = export_draft(draft, to, out, dtype=dtype, force=force,
                         speculative_tokens=speculative_tokens, source=source)
     size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
-    what = "float32" if to == "eagle3kit" else dtype
+    what = registry.get(to).dtype or dtype
     console.print(f"wrote {path} ({to} format, {what}, {size / 1e6:.1f} MB)")
 
 
-convert.__doc__ = (convert.__doc__ or "") + example(EXAMPLE)
+convert.__doc__ = (f"Convert a draft between {registry.spoken(_DISPLAYS, 'and')} formats.\n\n"
+                   f"    {convert.__doc__}" + example(EXAMPLE))

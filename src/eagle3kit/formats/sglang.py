@@ -29,9 +29,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eagle3kit.core.config import TargetConfig
+from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.errors import InputError, MismatchError
-from eagle3kit.formats import common
+from eagle3kit.formats import common, engine
+from eagle3kit.formats.registry import ExportOptions, Serving
 from eagle3kit.io import safetensors as st
 from eagle3kit.io.draft_io import Draft
 
@@ -42,6 +43,7 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 ARCHITECTURES = {ARCHITECTURE, "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle"}
 # tensors found in published midlayer checkpoints that carry nothing eagle3kit needs
 IGNORED = ("embed_tokens.weight",)
+EXPECTS = f"config.json with {ARCHITECTURE} (SGLang)"
 
 
 def to_sglang_ids(hf_ids: tuple[int, ...]) -> list[int]:
@@ -169,3 +171,36 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
     weights, vocab = common.read_weights(tensors, common.with_fc_norms(KEY_TABLE, cfg),
                                          IGNORED, cfg, directory)
     return cfg, weights, vocab
+
+
+# ---- the registered format (formats/registry.py) ---------------------------------------------
+
+
+def detect(directory: Path, config_dict: dict[str, Any] | None) -> bool:
+    return config_dict is not None and is_sglang(config_dict)
+
+
+def guess(directory: Path, config_dict: dict[str, Any] | None) -> bool:
+    """Midlayer tensors under a generic Llama architecture."""
+    return config_dict is not None and any(n.startswith(LAYER)
+                                           for n in engine.tensor_names(directory))
+
+
+def load(directory: Path, target: str | None) -> Draft:
+    return engine.load(directory, target, "sglang", read)
+
+
+def export(draft: Draft, out: Path, options: ExportOptions) -> Path:
+    return engine.export(draft, out, options, "sglang",
+                         lambda tmp, d: write(tmp, d, options.dtype))
+
+
+def serving(cfg: DraftConfig, target: TargetConfig, speculative_tokens: int) -> Serving:
+    """SGLang serves it; vLLM too when it captures the default layers (the only ones vLLM
+    reads from this format)."""
+    if cfg.aux_layer_ids == target.default_aux_layer_ids():
+        return Serving("sglang", ("sglang", "vllm"))
+    return Serving("sglang", ("sglang",), refused={"vllm": (
+        "This SGLang-format export reads non-default target layers, recorded in SGLang's "
+        "convention, which vLLM does not read. Use the speculators export of the same draft "
+        "with vLLM (`eagle3kit convert ... --to speculators`).\n")})

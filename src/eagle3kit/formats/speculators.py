@@ -21,9 +21,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eagle3kit.core.config import TargetConfig
+from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.errors import InputError, MismatchError
-from eagle3kit.formats import common
+from eagle3kit.formats import common, engine
+from eagle3kit.formats.registry import ExportOptions, Serving
 from eagle3kit.io import safetensors as st
 from eagle3kit.io.draft_io import Draft
 
@@ -33,6 +34,7 @@ ARCHITECTURE = "Eagle3Speculator"
 MODEL_TYPE = "eagle3"
 # present in checkpoints written by the speculators library; eagle3kit never needs them
 IGNORED = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight")
+EXPECTS = "speculators_model_type (speculators)"
 
 
 def config(draft: Draft, target: TargetConfig, dtype: str,
@@ -125,3 +127,30 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
     weights, vocab = common.read_weights(tensors, common.with_fc_norms(KEY_TABLE, cfg),
                                          IGNORED, cfg, directory)
     return cfg, weights, vocab
+
+
+# ---- the registered format (formats/registry.py) ---------------------------------------------
+
+
+def detect(directory: Path, config_dict: dict[str, Any] | None) -> bool:
+    return config_dict is not None and is_speculators(config_dict)
+
+
+def load(directory: Path, target: str | None) -> Draft:
+    return engine.load(directory, target, "speculators", read, verifier=verifier_name)
+
+
+def export(draft: Draft, out: Path, options: ExportOptions) -> Path:
+    return engine.export(draft, out, options, "speculators",
+                         lambda tmp, d: write(tmp, d, options.dtype, options.speculative_tokens))
+
+
+def serving(cfg: DraftConfig, target: TargetConfig, speculative_tokens: int) -> Serving:
+    """vLLM serves it, also by the short form: the config names the verifier."""
+    def short_form(repo: str, n: int) -> str:
+        return ("The short form `vllm serve " + repo + "` also works: the config names the "
+                f"verifier and {speculative_tokens} speculative tokens"
+                + (f" (not the {n} above: pass those with --speculative-config)"
+                   if n != speculative_tokens else "") + ".\n")
+
+    return Serving("vllm", ("vllm",), tags=("speculators",), notes={"vllm": short_form})

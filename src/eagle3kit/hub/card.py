@@ -21,7 +21,8 @@ from eagle3kit import __version__
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.data.records import display_name, open_input
 from eagle3kit.errors import InputError, MismatchError
-from eagle3kit.formats import common
+from eagle3kit.formats import common, registry
+from eagle3kit.formats.registry import Serving
 from eagle3kit.hub import sections
 from eagle3kit.io.hub import is_hub_id
 
@@ -125,7 +126,7 @@ class CardInputs:
     """Everything the card shows, read from an export directory."""
 
     repo_id: str
-    engine_format: str  # "sglang" | "speculators"
+    engine_format: str  # a registered format's name: "sglang", "speculators", ...
     target_name: str
     target: TargetConfig
     draft: DraftConfig
@@ -133,6 +134,7 @@ class CardInputs:
     dtype: str
     speculative_tokens: int
     files: list[tuple[str, int]]
+    serving: Serving  # what the format says engines load (formats/registry.py)
     evals: list[EvalResult] = dataclasses.field(default_factory=list)
     license: str | None = None
     source: str = ""
@@ -199,13 +201,20 @@ def card_inputs(export_dir: str | os.PathLike, repo_id: str, *, evals=(),
     serve_dtype = hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"
     files = sorted((p.name, p.stat().st_size) for p in directory.iterdir()
                    if p.is_file() and not p.name.startswith("."))
+    target_config = TargetConfig.from_hf_config(hf, name=name,
+                                                source=directory / common.SIDECAR)
+    draft, tokens = DraftConfig.from_dict(meta["draft"]), int(meta.get("speculative_tokens", 3))
+    fmt = registry.get(meta["engine_format"])
+    serving = fmt.serving(draft, target_config, tokens) if fmt else None
+    if serving is None:
+        raise InputError(f"engine_format {meta['engine_format']!r} is no format an engine "
+                         f"serves ({', '.join(registry.names())})",
+                         path=directory / common.SIDECAR)
     return CardInputs(
         repo_id=repo_id, engine_format=meta["engine_format"], target_name=name,
-        target=TargetConfig.from_hf_config(hf, name=name,
-                                           source=directory / common.SIDECAR),
-        draft=DraftConfig.from_dict(meta["draft"]), training=meta.get("training") or {},
-        dtype=meta.get("dtype", ""), speculative_tokens=int(meta.get("speculative_tokens", 3)),
-        files=files, evals=list(evals), license=license or target_license(name),
+        target=target_config, draft=draft, training=meta.get("training") or {},
+        dtype=meta.get("dtype", ""), speculative_tokens=tokens, files=files, serving=serving,
+        evals=list(evals), license=license or target_license(name),
         source=meta.get("source", ""),
         serve_dtype=serve_dtype if serve_dtype in ("bfloat16", "float16") else "bfloat16")
 
@@ -231,10 +240,9 @@ def target_license(name: str) -> str | None:
 def front_matter(c: CardInputs) -> str:
     from huggingface_hub import ModelCardData
 
-    engine = "vllm" if c.engine_format == "speculators" else "sglang"
-    tags = ["eagle3", "speculative-decoding", "draft-model", engine, "eagle3kit"]
-    if c.engine_format == "speculators":
-        tags.append("speculators")
+    engine = c.serving.library
+    tags = ["eagle3", "speculative-decoding", "draft-model", engine, "eagle3kit",
+            *c.serving.tags]
     data = ModelCardData(
         base_model=c.target_name if is_hub_id(c.target_name) else None,
         library_name=engine, license=c.license, tags=tags)

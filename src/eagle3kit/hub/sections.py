@@ -107,42 +107,67 @@ def _shapes(c: CardInputs) -> tuple[tuple[int, int, int], int, str | None]:
     return (best["steps"], best["topk"], best["draft_tokens"]), k, note
 
 
+def _sglang_command(c: CardInputs, shape: tuple[int, int, int], n: int) -> str:
+    steps, topk, nodes = shape
+    return (
+        "### SGLang\n\n```bash\npython -m sglang.launch_server \\\n"
+        f"    --model-path {c.target_name} \\\n    --speculative-algorithm EAGLE3 \\\n"
+        f"    --speculative-draft-model-path {c.repo_id} \\\n"
+        f"    --speculative-num-steps {steps} \\\n"
+        f"    --speculative-eagle-topk {topk} \\\n"
+        f"    --speculative-num-draft-tokens {nodes} \\\n    --dtype {c.serve_dtype}\n```\n\n"
+        + (f"This is chain drafting ({steps} tokens per step). For tree drafting raise "
+           "`--speculative-eagle-topk` and `--speculative-num-draft-tokens` together.\n"
+           if topk == 1 else f"This is tree drafting: depth {steps}, top-{topk}, "
+           f"{nodes} tokens verified per step.\n"))
+
+
+def _sglang_python(c: CardInputs, shape: tuple[int, int, int], n: int) -> str:
+    steps, topk, nodes = shape
+    return ("import sglang as sgl\n\nengine = sgl.Engine(\n"
+            f"    model_path=\"{c.target_name}\",\n    speculative_algorithm=\"EAGLE3\",\n"
+            f"    speculative_draft_model_path=\"{c.repo_id}\",\n"
+            f"    speculative_num_steps={steps},\n    speculative_eagle_topk={topk},\n"
+            f"    speculative_num_draft_tokens={nodes},\n    dtype=\"{c.serve_dtype}\",\n)\n")
+
+
+def _vllm_command(c: CardInputs, shape: tuple[int, int, int], n: int) -> str:
+    return ("### vLLM\n\n```bash\n"
+            f"vllm serve {c.target_name} \\\n    --speculative-config '{{\"method\": \"eagle3\", "
+            f"\"model\": \"{c.repo_id}\", \"num_speculative_tokens\": {n}}}'\n```\n")
+
+
+def _vllm_python(c: CardInputs, shape: tuple[int, int, int], n: int) -> str:
+    return ("from vllm import LLM\n\nllm = LLM(\n"
+            f"    model=\"{c.target_name}\",\n    speculative_config={{\"method\": \"eagle3\", "
+            f"\"model\": \"{c.repo_id}\", \"num_speculative_tokens\": {n}}},\n)\n")
+
+
+# The engines a card can show commands for, in the order it shows them: (title, shell
+# command, Python); a format's `serving` (formats/registry.py) names those that load it.
+_ENGINES = {"sglang": ("SGLang", _sglang_command, _sglang_python),
+            "vllm": ("vLLM", _vllm_command, _vllm_python)}
+
+
 def usage(c: CardInputs) -> str:
-    repo, target = c.repo_id, c.target_name
-    (steps, topk, nodes), n, note = _shapes(c)
+    shape, n, note = _shapes(c)
+    serving = c.serving
+    unknown = (set(serving.engines) | set(serving.refused)) - set(_ENGINES)
+    if unknown:
+        raise ValueError(f"the card has no usage for engines {sorted(unknown)}")
     out = ["## Usage\n"]
-    if c.engine_format == "sglang":
-        out.append(
-            "### SGLang\n\n```bash\npython -m sglang.launch_server \\\n"
-            f"    --model-path {target} \\\n    --speculative-algorithm EAGLE3 \\\n"
-            f"    --speculative-draft-model-path {repo} \\\n"
-            f"    --speculative-num-steps {steps} \\\n"
-            f"    --speculative-eagle-topk {topk} \\\n"
-            f"    --speculative-num-draft-tokens {nodes} \\\n    --dtype {c.serve_dtype}\n```\n\n"
-            + (f"This is chain drafting ({steps} tokens per step). For tree drafting raise "
-               "`--speculative-eagle-topk` and `--speculative-num-draft-tokens` together.\n"
-               if topk == 1 else f"This is tree drafting: depth {steps}, top-{topk}, "
-               f"{nodes} tokens verified per step.\n"))
-    default_layers = c.draft.aux_layer_ids == c.target.default_aux_layer_ids()
-    vllm = c.engine_format == "speculators" or default_layers
-    if vllm:
-        out.append(
-            "### vLLM\n\n```bash\n"
-            f"vllm serve {target} \\\n    --speculative-config '{{\"method\": \"eagle3\", "
-            f"\"model\": \"{repo}\", \"num_speculative_tokens\": {n}}}'\n```\n")
-        if c.engine_format == "speculators":
-            out.append("The short form `vllm serve " + repo + "` also works: the config names "
-                       f"the verifier and {c.speculative_tokens} speculative tokens"
-                       + (f" (not the {n} above: pass those with --speculative-config)"
-                          if n != c.speculative_tokens else "") + ".\n")
-    else:
-        out.append("### vLLM\n\nThis SGLang-format export reads non-default target layers, "
-                   "recorded in SGLang's convention, which vLLM does not read. Use the "
-                   "speculators export of the same draft with vLLM (`eagle3kit convert ... "
-                   "--to speculators`).\n")
+    python = []
+    for engine, (title, command, in_python) in _ENGINES.items():
+        if engine in serving.engines:
+            out.append(command(c, shape, n))
+            if engine in serving.notes:
+                out.append(serving.notes[engine](c.repo_id, n))
+            python.append(in_python(c, shape, n))
+        elif engine in serving.refused:
+            out.append(f"### {title}\n\n{serving.refused[engine]}")
     if note:
         out.append(note)
-    out.append(_python_usage(c, vllm, (steps, topk, nodes), n))
+    out.append("### Python\n\n" + "\n".join(f"```python\n{b}```\n" for b in python))
     if c.target.family == "qwen3":
         out.append(
             "### Thinking mode\n\nQwen3 thinks before it answers unless a request turns it "
@@ -151,26 +176,6 @@ def usage(c: CardInputs) -> str:
             "e.g. per request with `\"chat_template_kwargs\": {\"enable_thinking\": false}` "
             "(SGLang and vLLM's OpenAI-compatible servers) for a non-thinking draft.\n")
     return "\n".join(out)
-
-
-def _python_usage(c: CardInputs, vllm: bool, sglang_shape: tuple[int, int, int], n: int
-                  ) -> str:
-    repo, target = c.repo_id, c.target_name
-    steps, topk, nodes = sglang_shape
-    blocks = []
-    if c.engine_format == "sglang":
-        blocks.append(
-            "import sglang as sgl\n\nengine = sgl.Engine(\n"
-            f"    model_path=\"{target}\",\n    speculative_algorithm=\"EAGLE3\",\n"
-            f"    speculative_draft_model_path=\"{repo}\",\n"
-            f"    speculative_num_steps={steps},\n    speculative_eagle_topk={topk},\n"
-            f"    speculative_num_draft_tokens={nodes},\n    dtype=\"{c.serve_dtype}\",\n)\n")
-    if vllm:
-        blocks.append(
-            "from vllm import LLM\n\nllm = LLM(\n"
-            f"    model=\"{target}\",\n    speculative_config={{\"method\": \"eagle3\", "
-            f"\"model\": \"{repo}\", \"num_speculative_tokens\": {n}}},\n)\n")
-    return "### Python\n\n" + "\n".join(f"```python\n{b}```\n" for b in blocks)
 
 
 def _present(t: dict[str, Any], *keys: str) -> bool:
