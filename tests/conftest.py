@@ -98,6 +98,7 @@ def eagle3kit_server():
 # test's time summed per file, from a whole `pytest -n 2 --dist loadfile` run), modules
 # under 10 s as collected, after these.
 LONGEST_FIRST = ("cli/test_regenerate.py", "core/test_gemma3_real.py", "decode/test_engine.py",
+                 "formats/test_sglang_library.py", "examples/test_qwen_coder_recipe.py",
                  "cli/test_eval.py", "cli/test_train.py", "cli/test_eval_smollm2.py",
                  "cli/test_gemma3_pipeline.py", "examples/test_recipes.py",
                  "core/test_target.py", "cli/test_train_smollm2.py", "core/test_families.py",
