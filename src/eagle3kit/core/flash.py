@@ -39,8 +39,9 @@ class FlashBlocks:
     """Tiles (powers of two) and Triton settings. Forward and dQ: `q` query rows per
     program, looping over `k` keys at a time; dK/dV: `bwd_k` keys per program, looping
     over `bwd_q` query rows at a time. `interpret`: Pallas' interpreter (any backend).
-    The defaults were the fastest of five settings on an H200 at H = 128 and within 4% at
-    H = 64 (docs/benchmarks.md, `benchmarks/ttt_attention.py --blocks`)."""
+    The defaults were the fastest of the tiles tried at the 8B draft's head size and near the
+    fastest at SmolLM2's, so one setting serves both (docs/benchmarks.md,
+    `benchmarks/ttt_attention.py --blocks`)."""
 
     q: int = 64
     k: int = 64

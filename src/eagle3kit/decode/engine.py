@@ -76,9 +76,10 @@ MIN_WINDOW = 128  # shortest attention window (positions)
 
 def auto_kv_attention(devices: Sequence[Any]) -> str:
     """The KV attention `auto` picks for an engine on `devices`: the ragged kernel on one GPU
-    (measured faster there: 129,020 against 37,281 tokens/s for SmolLM2 at 512 rows on an
-    H200, docs/benchmarks.md), the XLA path elsewhere (a CPU, a TPU, a mesh of several
-    devices)."""
+    (it reads each row in place up to its own length, where the XLA path copies every row's
+    window out of the cache: the faster one there, docs/benchmarks.md), the XLA path
+    elsewhere (a CPU, a TPU, and a mesh of several devices, whose cache the kernel cannot read
+    on one device)."""
     return "pallas" if len(devices) == 1 and devices[0].platform == "gpu" else "xla"
 
 
