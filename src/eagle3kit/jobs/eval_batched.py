@@ -22,7 +22,8 @@ from typing import Any
 import jax
 
 from eagle3kit.decode.acceptance import acceptance_summary
-from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling, auto_kv_attention
+from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling
+from eagle3kit.decode.kv_attention import KVAttention, resolve_kv_attention
 from eagle3kit.decode.speculative import DecodeConfig, Speculation
 from eagle3kit.errors import UserError
 
@@ -119,10 +120,9 @@ class Setup:
             check_every=self.checks(rows)),
             dataclasses.replace(self.draft, dec=dec) if dec else None)
 
-    def attention(self) -> str:
+    def attention(self) -> KVAttention:
         """How the engines read the KV caches (`auto` resolved for the mesh's devices)."""
-        return (auto_kv_attention(self.mesh.devices.flatten()) if self.kv_attention == "auto"
-                else self.kv_attention)
+        return resolve_kv_attention(self.kv_attention, self.mesh.devices.flatten())
 
     def checks(self, rows: int) -> int:
         """Steps between a program's checks whether to end early, at `rows` rows."""

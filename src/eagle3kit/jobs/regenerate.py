@@ -34,6 +34,7 @@ from typing import Any
 from eagle3kit.data.chat import Renderer, RenderError
 from eagle3kit.data.records import ChatRecord, GenerationInfo, display_name
 from eagle3kit.decode import conversations as conv
+from eagle3kit.decode.kv_attention import KVAttention, check_kv_attention, resolve_kv_attention
 from eagle3kit.decode.sampling import sampling_problem
 from eagle3kit.errors import InputError, UserError
 from eagle3kit.jobs import common
@@ -105,10 +106,7 @@ def check_config(cfg: RegenerateConfig) -> tuple[int, int]:
         load_chat_template(cfg.chat_template)
     if cfg.slots < 1 or cfg.sync_every < 1 or cfg.concurrency < 1:
         raise UserError("--slots, --sync-every and --concurrency must be >= 1")
-    from eagle3kit.decode.engine import KV_ATTENTION
-    if cfg.kv_attention not in ("auto", *KV_ATTENTION):
-        raise UserError(f"--kv-attention {cfg.kv_attention!r}: choose auto, "
-                        f"{' or '.join(KV_ATTENTION)}")
+    check_kv_attention(cfg.kv_attention)
     index, count = 0, 1
     if cfg.shard:
         i, _, n = cfg.shard.partition("/")
@@ -309,18 +307,15 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
 
     from eagle3kit.core.sharding import make_mesh
     from eagle3kit.core.target import unstack_in_place
-    from eagle3kit.decode.engine import Engine, EngineConfig, Sampling, auto_kv_attention
+    from eagle3kit.decode.engine import Engine, EngineConfig, Sampling
     from eagle3kit.decode.repetition import Repetition
     from eagle3kit.io.hf import load_target
 
     common.compile_cache(console.print)
     mesh = make_mesh(cfg.mesh)
-    if cfg.kv_attention == "pallas" and mesh.devices.size > 1:
-        raise UserError(f"--kv-attention pallas reads the cache on one device, not the "
-                        f"{mesh.devices.size} of --mesh: run one process per GPU with --shard "
-                        f"I/N (faster than one process over a mesh, docs/recipes.md)")
-    attention = (auto_kv_attention(mesh.devices.flatten()) if cfg.kv_attention == "auto"
-                 else cfg.kv_attention)
+    attention = resolve_kv_attention(  # the one place `auto` is resolved for this run
+        cfg.kv_attention, mesh.devices.flatten(), "run one process per GPU with --shard I/N "
+        "(faster than one process over a mesh, docs/recipes.md)")
     t0 = time.perf_counter()
     # unstacked one array at a time: never two copies of the target at once
     weights = unstack_in_place(load_target(ckpt, mesh, common.DTYPES[cfg.target_dtype]),
@@ -337,6 +332,6 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
                   f"{jax.devices()[0].device_kind} (mesh {','.join(f'{k}={v}' for k, v in mesh.shape.items())}; weights loaded "
                   f"in {time.perf_counter() - t0:.1f}s; {cfg.slots} slots x {cfg.max_context} "
                   f"positions, KV cache {engine.cache_bytes / 2**30:.2f} GiB"
-                  f"{', read by the ragged kernel' if attention == 'pallas' else ''})",
+                  f"{', read by the ragged kernel' if attention == KVAttention.PALLAS else ''})",
                   soft_wrap=True)
     return engine
