@@ -499,7 +499,7 @@ def by_source(out: list[RegeneratedRecord]) -> dict[str, list[RegeneratedRecord]
 
 
 def test_samples_are_distinct_answers_with_traceable_ids_and_reproducible_seeds(target, chats):
-    from eagle3kit.jobs.regenerate import request_seed
+    from eagle3kit.jobs.regen_work import request_seed
 
     one = records(regenerate("--target", target, *SAMPLED, "--limit", 3,
                              input=chats.read_bytes()).stdout_bytes)

@@ -14,10 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from eagle3kit.core.layers import swiglu
+from eagle3kit.core.layers import MASKED, swiglu
 from eagle3kit.core.sharding import constrain
-
-_MASKED = -1e30  # as layers.attend: a fully masked row is uniform, not NaN
 
 
 def window_mask(mask_BxTxS: jax.Array, q_positions_BxT: jax.Array,
@@ -43,7 +41,7 @@ def attend_general(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Ar
     s = s * scale
     if softcap:
         s = jnp.tanh(s / softcap) * softcap
-    s = jnp.where(mask_BxTxS[:, None, None], s, _MASKED)
+    s = jnp.where(mask_BxTxS[:, None, None], s, MASKED)
     if sinks_N is None:
         p = jax.nn.softmax(s, axis=-1)
     else:

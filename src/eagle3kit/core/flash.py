@@ -28,10 +28,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec
 
+from eagle3kit.core.layers import MASKED
 from eagle3kit.core.sharding import active_mesh, mesh_axis
 
 _LOG2E = math.log2(math.e)
-_MASKED = -1e30  # finite: a key block a row cannot see gives weights exp2(-huge) = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +39,9 @@ class FlashBlocks:
     """Tiles (powers of two) and Triton settings. Forward and dQ: `q` query rows per
     program, looping over `k` keys at a time; dK/dV: `bwd_k` keys per program, looping
     over `bwd_q` query rows at a time. `interpret`: Pallas' interpreter (any backend).
-    The defaults were the fastest of five settings on an H200 at H = 128 and within 4% at
-    H = 64 (docs/benchmarks.md, `benchmarks/ttt_attention.py --blocks`)."""
+    The defaults were the fastest of the tiles tried at the 8B draft's head size and near the
+    fastest at SmolLM2's, so one setting serves both (docs/benchmarks.md,
+    `benchmarks/ttt_attention.py --blocks`)."""
 
     q: int = 64
     k: int = 64
@@ -81,7 +82,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, seg_q_ref, seg_ref, o_ref, lse_ref, *, 
         keys = pl.ds(j * block_k, block_k)
         s = _dot(q, k_ref[keys, :], trans_b=True) * (scale * _LOG2E)  # base-2 scores
         s = jnp.where(_visible(rows, j * block_k + jnp.arange(block_k), seg_q, seg_ref[keys]),
-                      s, _MASKED)
+                      s, MASKED)
         m = jnp.maximum(m_prev, jnp.max(s, axis=1))
         p = jnp.exp2(s - m[:, None])
         corr = jnp.exp2(m_prev - m)
@@ -109,7 +110,7 @@ def _dkdv_kernel(q_ref, k_ref, v_ref, seg_k_ref, seg_ref, do_ref, lse_ref, delta
         q, do = q_ref[rows_, :], do_ref[rows_, :]
         s = _dot(q, k, trans_b=True) * (scale * _LOG2E)
         s = jnp.where(_visible(i * block_q + jnp.arange(block_q), cols, seg_ref[rows_], seg_k),
-                      s, _MASKED)
+                      s, MASKED)
         p = jnp.exp2(s - lse_ref[rows_][:, None] * _LOG2E)  # [Q, S]
         dv = dv + _dot(p.astype(do.dtype), do, trans_a=True)
         dp = _dot(do, v, trans_b=True)
@@ -136,7 +137,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, seg_q_ref, seg_ref, do_ref, lse_ref, delta_r
         k, v = k_ref[keys, :], v_ref[keys, :]
         s = _dot(q, k, trans_b=True) * (scale * _LOG2E)
         s = jnp.where(_visible(rows, j * block_k + jnp.arange(block_k), seg_q, seg_ref[keys]),
-                      s, _MASKED)
+                      s, MASKED)
         p = jnp.exp2(s - lse2[:, None])
         ds = p * (_dot(do, v, trans_b=True) - delta[:, None])
         return dq + _dot(ds.astype(k.dtype), k)

@@ -11,8 +11,10 @@ import jax.numpy as jnp
 
 from eagle3kit.core.sharding import constrain
 
-# Finite "minus infinity": a fully masked row (padding) gives a uniform softmax, not NaN.
-_MASKED = -1e30
+# Finite "minus infinity", the one score every attention here gives what a row cannot see:
+# a fully masked row (padding) gives a uniform softmax, not NaN, and in the blockwise kernels
+# (flash.py, ragged_attention.py) a key block a row cannot see weighs exp2(-huge) = 0.
+MASKED = -1e30
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -56,7 +58,7 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
                                             mask=mask_BxTxS[:, None], is_causal=causal,
                                             implementation="cudnn")
     s = attention_scores(q_BxTxNxH, k_BxSxKxH)
-    s = jnp.where(mask_BxTxS[:, None, None], s, _MASKED)
+    s = jnp.where(mask_BxTxS[:, None, None], s, MASKED)
     p = jax.nn.softmax(s, axis=-1).astype(v_BxSxKxH.dtype)
     o = jnp.einsum("bkgts,bskh->btkgh", p, v_BxSxKxH)
     b, t = q_BxTxNxH.shape[:2]

@@ -42,9 +42,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from eagle3kit.core.blocks import attend_general, window_mask
+from eagle3kit.core.layers import MASKED
 
 _LOG2E = math.log2(math.e)
-_MASKED = -1e30  # as attend_general: finite, so a block a row cannot see weighs exp2(-huge) = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +160,7 @@ def _kernel(rows_ref, prefix_ref, first_ref, window_ref, q_ref, qpos_ref, mask_r
         if windowed:
             near = (qpos[:, None] - key_positions[None, :]) < win
             visible = visible & (near | (win <= 0))
-        s = jnp.where(visible, s * _LOG2E, _MASKED)  # base-2 scores
+        s = jnp.where(visible, s * _LOG2E, MASKED)  # base-2 scores
         m = jnp.maximum(m_prev, jnp.max(s, axis=1))
         p = jnp.exp2(s - m[:, None])
         corr = jnp.exp2(m_prev - m)

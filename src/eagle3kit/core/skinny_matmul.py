@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-# Rows the kernel takes (an 8B step on an H100, against XLA's matmuls: 64 rows 3.5% faster,
-# 32 rows 1%, 16 rows equal, 8 rows 1.4% slower; docs/benchmarks.md)
+# Rows the kernel takes: where it beat XLA's matmuls on the 8B decode step; at fewer rows
+# XLA's were as fast or faster (docs/benchmarks.md)
 MIN_ROWS, MAX_ROWS = 17, 64
 MIN_BYTES = 16 << 20  # smaller weights, XLA's (measured on an 8B's 32-235 MB matrices only)
 

@@ -399,8 +399,8 @@ class LayerList:
 
     Scanning stacked layers makes XLA copy each layer's weights (and cache) out of the stack
     at every step: where decoding is bound by reading the weights once per step, that
-    doubles the traffic (34% + 20% of an 8B decode step on an H200), and in a training step
-    the copies are a few per cent of the time. Both therefore loop over per-layer arrays (one
+    doubles the traffic (those copies were most of a decode step's profile,
+    docs/benchmarks.md), and in a training step the copies are a small part of the time. Both therefore loop over per-layer arrays (one
     compiled body per layer: a longer compile, and for training a forward-only one).
     `mlps[i]` is layer i's `DenseMLP` or `moe.ExpertWeights` slice. A decoder's layers hold
     q|k|v and a dense MLP's gate|up as one matrix each (`fuse_layer`), the trainer's apart.
@@ -422,8 +422,7 @@ def fuse_layer(lw: TargetLayers, mw: Any, shardings: tuple | None = None
     """Layer `lw` with q, k and v as one matrix, and its MLP `mw` (when dense) with gate and
     up as one: a decoding step's few rows then pass two matmuls where they passed five. At a
     few rows a matmul is bound by reading its weights, and one wide matmul reads them nearer
-    the bandwidth than several narrow ones (an 8B step's q/k/v 27% -> 49% of an H100's
-    bandwidth at 32 rows, gate/up 64% -> 74%: benchmarks/decode_matmuls.py).
+    the bandwidth than several narrow ones (benchmarks/decode_matmuls.py, docs/benchmarks.md).
 
     q's heads are grouped by the kv head they share (kv head k's G query heads, its key,
     its value), so a mesh that splits the heads over `tensor` splits the fused matrix at the
@@ -582,8 +581,9 @@ class RowAttention:
 
     The XLA path slices the window when the batch is every cache row in order (`rows_B`
     None: decode and verify steps) and gathers it by `rows_B` only for a subset (prefill
-    pieces). Decode steps that gathered every row ran at half the speed of the engine
-    before them, which sliced (H100, the 8B shape).
+    pieces): a gather copies every row's window out of the cache where a slice is read in
+    place, and decode steps that gathered lost much of the speed of the slicing engine before
+    them (docs/benchmarks.md).
     """
 
     cfg: TargetConfig

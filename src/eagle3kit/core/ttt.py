@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from eagle3kit.core import draft, losses, target
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.flash import FlashBlocks, flash_attention
-from eagle3kit.core.layers import _MASKED, attend, causal_mask
+from eagle3kit.core.layers import MASKED, attend, causal_mask
 from eagle3kit.core.metrics import StepCounts, step_counts
 from eagle3kit.core.sharding import constrain
 
@@ -163,7 +163,7 @@ def _attend_block(qg_BxQxKxGxH, k0_BxSxKxH, v0_BxSxKxH, seg_q_BxQ, seg_s_BxS, di
     rows = start + jnp.arange(q_len)
     visible = ((jnp.arange(k0_BxSxKxH.shape[1])[None, :] <= rows[:, None])[None]
                & (seg_q_BxQ[:, :, None] == seg_s_BxS[:, None, :]))  # B,Q,S
-    s = jnp.where(visible[:, None, None], s, _MASKED)
+    s = jnp.where(visible[:, None, None], s, MASKED)
     m = jnp.max(s, axis=-1)
     if diag_BxKxGxQxI is not None:
         m = jnp.maximum(m, jnp.max(diag_BxKxGxQxI, axis=-1))

@@ -45,7 +45,7 @@ class TurnInfo(msgspec.Struct):
     # "repetition" (its last tokens repeat one block: RepetitionRule)
     prompt_tokens: int
     new_tokens: int
-    seed: int = 0  # the request's sampling stream (jobs/regenerate.request_seed)
+    seed: int = 0  # the request's sampling stream (jobs/regen_work.request_seed)
 
 
 class RepetitionRule(msgspec.Struct):

@@ -63,23 +63,19 @@ from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import batch_ways, spec_for, use_mesh
 from eagle3kit.decode import draft_cache, speculative
+from eagle3kit.decode.kv_attention import (  # noqa: F401 (read from here too)
+    KV_ATTENTION,
+    KVAttention,
+    auto_kv_attention,
+)
 from eagle3kit.decode.prefixes import Prefixes
 from eagle3kit.decode.repetition import Detector, Repetition
 from eagle3kit.decode.sampling import Sampling, is_stop, request_keys, sample
 from eagle3kit.decode.speculative import Speculation
 from eagle3kit.errors import ResourceError, UserError
 
-KV_ATTENTION = ("xla", "pallas")  # EngineConfig.attention's choices
 MIN_PREFILL = 128  # shortest prefill bucket (tokens), unless prefill_chunk is shorter
 MIN_WINDOW = 128  # shortest attention window (positions)
-
-
-def auto_kv_attention(devices: Sequence[Any]) -> str:
-    """The KV attention `auto` picks for an engine on `devices`: the ragged kernel on one GPU
-    (measured faster there: 129,020 against 37,281 tokens/s for SmolLM2 at 512 rows on an
-    H200, docs/benchmarks.md), the XLA path elsewhere (a CPU, a TPU, a mesh of several
-    devices)."""
-    return "pallas" if len(devices) == 1 and devices[0].platform == "gpu" else "xla"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +89,12 @@ class EngineConfig:
     sampling: Sampling = Sampling()
     seed: int = 0
     repetition: Repetition | None = None  # end answers that loop (None: never)
-    attention: str = "xla"  # how steps read the KV cache: "xla" (a window sliced out) or
-    # "pallas" (core/ragged_attention: each row in place to its own length; `regenerate`
-    # picks it on one GPU, auto_kv_attention)
+    attention: KVAttention = KVAttention.XLA  # how steps read the KV cache: XLA (a window
+    # sliced out) or PALLAS (core/ragged_attention: each row in place to its own length);
+    # jobs resolve --kv-attention into it once (decode/kv_attention.py)
+
+    def __post_init__(self):  # "xla" or "pallas" given as a string: the typed value
+        object.__setattr__(self, "attention", KVAttention(self.attention))
 
 
 @dataclasses.dataclass
@@ -420,13 +419,11 @@ class Engine:
                                      draft_dtype or jnp.float32)
             self.dcache = None if spec is None else zeros.draft(
                 spec.dcfg, cfg.rows, cfg.max_context, draft_dtype)
-        if cfg.attention not in KV_ATTENTION:
-            raise ValueError(f"EngineConfig.attention {cfg.attention!r}: one of {KV_ATTENTION}")
-        if cfg.attention == "pallas" and mesh.devices.size > 1:
+        if cfg.attention == KVAttention.PALLAS and mesh.devices.size > 1:
             raise ValueError(f"the ragged kernel (attention 'pallas') runs on one device, not "
                              f"a mesh of {mesh.devices.size}: run one process per GPU")
         self._prefill, self._step = _programs(
-            tcfg, cfg.sampling, spec and (spec.dcfg, spec.dec), data, cfg.attention,
+            tcfg, cfg.sampling, spec and (spec.dcfg, spec.dec), data, cfg.attention.value,
             cfg.check_every)
         self._repeats = cfg.repetition and Detector(cfg.repetition, cfg.rows)
         self._prefixes = Prefixes(cfg.rows)

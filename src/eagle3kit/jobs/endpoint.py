@@ -31,7 +31,7 @@ from typing import Any
 from eagle3kit.data.records import ChatRecord, GenerationInfo
 from eagle3kit.decode import conversations as conv
 from eagle3kit.errors import ResourceError
-from eagle3kit.jobs import regenerate as job
+from eagle3kit.jobs import regen_work as job
 from eagle3kit.jobs.preempt import Preempted, Preemption
 
 
@@ -177,8 +177,11 @@ class Server:
 
 
 def run(cfg, records: list[ChatRecord], done: collections.Counter,
-        previous: GenerationInfo | None, counts, console,
+        previous: GenerationInfo | None, counts, console, make_progress,
         earlier: collections.Counter | None = None):
+    """Answers the work through the server at --endpoint; `make_progress(console, total)` is
+    the job's progress display (jobs/regenerate.Progress), given by the job that picked this
+    backend."""
     client = Client(cfg.endpoint, cfg.timeout, cfg.retries)
     models = client.models()  # fails in seconds when nothing listens there
     model = cfg.model or (models[0] if models else cfg.target)
@@ -202,7 +205,7 @@ def run(cfg, records: list[ChatRecord], done: collections.Counter,
             b["chat_template_kwargs"] = {"enable_thinking": cfg.thinking}
         return Asked((w, msgs), b)
 
-    progress = job.Progress(console, len(work))
+    progress = make_progress(console, len(work))
     try:
         with job.output_stream(cfg) as stream, Preemption(console.print, at=job.STOP_AT) as stop, progress:
             writer = job.OrderedWriter(stream)

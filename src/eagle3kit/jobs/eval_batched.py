@@ -22,7 +22,8 @@ from typing import Any
 import jax
 
 from eagle3kit.decode.acceptance import acceptance_summary
-from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling, auto_kv_attention
+from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling
+from eagle3kit.decode.kv_attention import KVAttention, resolve_kv_attention
 from eagle3kit.decode.speculative import DecodeConfig, Speculation
 from eagle3kit.errors import UserError
 
@@ -31,10 +32,10 @@ DEFAULT_SWEEP = "3;5;7;3/4/8;5/4/8;5/8/16"
 SPEC_SYNC = 8  # verify steps per device program (each emits 1..K+1 tokens), batch > 1
 PLAIN_SYNC = 32  # plain decode steps per device program
 # steps between a batched program's checks whether to end early (EngineConfig.check_every):
-# each check reads the loop's condition back to the host while the device waits. On one H100,
-# MT-bench, chain K=3: checks every 8 steps gave 1.38x at batch 8 and 0.99x at batch 32,
-# every step 1.12x and 0.91x (docs/benchmarks.md, issue 22). One row checks every step: its
-# program ends when it finishes, and idle steps would delay only that row.
+# each check reads the loop's condition back to the host while the device waits, which costs
+# a batch more than the few steps a finished row idles until its refill (docs/benchmarks.md,
+# issue 22, "checks every E steps"). One row checks every step: its program ends when it
+# finishes, and idle steps would delay only that row.
 BATCHED_CHECK_EVERY = 8
 
 
@@ -119,10 +120,9 @@ class Setup:
             check_every=self.checks(rows)),
             dataclasses.replace(self.draft, dec=dec) if dec else None)
 
-    def attention(self) -> str:
+    def attention(self) -> KVAttention:
         """How the engines read the KV caches (`auto` resolved for the mesh's devices)."""
-        return (auto_kv_attention(self.mesh.devices.flatten()) if self.kv_attention == "auto"
-                else self.kv_attention)
+        return resolve_kv_attention(self.kv_attention, self.mesh.devices.flatten())
 
     def checks(self, rows: int) -> int:
         """Steps between a program's checks whether to end early, at `rows` rows."""

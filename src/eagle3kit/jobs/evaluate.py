@@ -241,7 +241,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
             "temperature": cfg.temperature, "max_new_tokens": cfg.max_new_tokens,
             # how the engine ran (docs/benchmarks.md, issue 22): the caches' reads, and the
             # steps between a program's checks at batch 1 and at the --concurrency sizes
-            "kv_attention": setup.attention(),
+            "kv_attention": setup.attention().value,
             "check_every": {str(b): setup.checks(b) for b in (1, *sizes)}}
 
 
