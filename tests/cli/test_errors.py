@@ -308,16 +308,21 @@ def test_out_of_memory_in_generation_is_exit_4_with_the_flags_to_lower(tiny, tmp
     """As train's: a KV cache or a decode program that does not fit is a ResourceError
     naming the options, not a RESOURCE_EXHAUSTED traceback (issue 24, item 2)."""
     a, draft = tiny
+    # the cache is sized to the work (no more rows than answers to write): 4,000
+    # conversations of 100 samples each ask for more rows than the capped memory holds
     chats = tmp_path / "chats.jsonl"
-    chats.write_text(json.dumps({"id": "a", "messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n")
+    chats.write_text("".join(json.dumps({"id": f"c{i}", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n"
+        for i in range(4000)))
     p = _limited(["regenerate", "--target", str(a / "target"), "-i", str(chats), "-o",
                   "out.jsonl", "--slots", "1000000", "--max-context", "256",
-                  "--max-new-tokens", "8"], tmp_path)
+                  "--max-new-tokens", "8", "--samples", "100", "--temperature", "0.9"], tmp_path)
     assert p.returncode == 4, p.stderr
-    assert p.stderr.splitlines()[-1] == (
-        "error: out of device memory for --slots 1000000 x --max-context 256: lower --slots "
-        "or --max-context (or add devices: --mesh)"), p.stderr
+    # the sizes between the flags and the advice are this machine's (what is free)
+    last = p.stderr.splitlines()[-1]
+    assert last.startswith("error: out of device memory for --slots 1000000 x --max-context "
+                           "256 (400000 x 128 for this input): the KV cache "), p.stderr
+    assert last.endswith("; lower --slots or --max-context (or add devices: --mesh)"), p.stderr
     assert sorted(x.name for x in tmp_path.iterdir()) == ["chats.jsonl"]
 
 

@@ -58,9 +58,19 @@ Attention = Annotated[str, typer.Option(
          "attention through a fused Pallas kernel; GPU).")]
 # a JAX key takes 32 bits: a larger or negative seed would silently be another one (2**40 is 0)
 SEED_MAX = 2**32 - 1
+
+
+def _seed_in_range(value: int | None) -> int | None:
+    # a callback, not min/max: typer would print the range in --help's type column and
+    # widen it for every option, breaking the help texts beside it
+    if value is not None and not 0 <= value <= SEED_MAX:
+        raise typer.BadParameter(f"{value} is not in the range 0<=x<={SEED_MAX}")
+    return value
+
+
 Seed = Annotated[int, typer.Option(
-    min=0, max=SEED_MAX, help="Random seed (train: draft init and data order; eval and regenerate: sampling at "
-         "temperature > 0).")]
+    callback=_seed_in_range, help="Random seed (train: draft init and data order; eval and "
+    "regenerate: sampling at temperature > 0; 0 to 2**32 - 1).")]
 ChatTemplate = Annotated[str | None, typer.Option(
     "--chat-template",
     help="The chat template to render conversations with instead of the tokenizer's own "
