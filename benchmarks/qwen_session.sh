@@ -49,11 +49,9 @@ qjoin)
   echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  $QW" | sha256sum -c
   rm -f "$STASH"/qwen.part.*
   nvidia-smi --query-gpu=name,memory.total --format=csv
-  if [ -f benchmarks/load_gguf.py ]; then
-    python3 benchmarks/load_gguf.py "$QW" 2>&1 | grep -v "^WARNING" | tee "$OUTDIR/qwen_load.txt"
-  fi
-  printf '%s\n' '{"id": "q1", "conversations": [{"role": "user", "content": "What is the capital of France?"}]}' \
-    '{"id": "q2", "conversations": [{"role": "user", "content": "Write a Python function square(x)."}]}' \
+  python3 benchmarks/load_gguf.py "$QW" 2>&1 | grep -v "^WARNING" | tee "$OUTDIR/qwen_load.txt"
+  printf '%s\n' '{"id": "q1", "messages": [{"role": "user", "content": "What is the capital of France?"}, {"role": "assistant", "content": "?"}]}' \
+    '{"id": "q2", "messages": [{"role": "user", "content": "Write a Python function square(x)."}, {"role": "assistant", "content": "?"}]}' \
     > "$Q/smoke.jsonl"
   /usr/bin/time -v $E3K regenerate --target "$QW" -i "$Q/smoke.jsonl" -o "$Q/smoke-out.jsonl" \
     --force --max-new-tokens 64 --slots 2 2> "$OUTDIR/qwen_smoke.log" || true
