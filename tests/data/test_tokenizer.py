@@ -28,7 +28,8 @@ def test_gguf_tokenizer_is_transformers_own_without_torch(smollm2_gguf):
     """The GGUF tokenizer read by the `gguf` package and built by transformers' converter
     equals `AutoTokenizer.from_pretrained(dir, gguf_file=...)` (whose reader needs torch):
     vocabulary, special and added tokens, chat template, and the ids of 40 real ShareGPT
-    conversations through the template; and loading it imports no torch."""
+    conversations through the template; and loading it imports neither torch nor JAX (with
+    JAX loaded, tokenize's workers are spawned, each building the tokenizer again, not forked)."""
     import subprocess
     import sys
 
@@ -51,10 +52,10 @@ def test_gguf_tokenizer_is_transformers_own_without_torch(smollm2_gguf):
         assert ours.decode(ours(text).input_ids) == ref.decode(ref(text).input_ids)
     probe = ("import sys; from eagle3kit.data.tokenizer import load_tokenizer; "
              f"t = load_tokenizer({str(smollm2_gguf)!r}); "
-             "print(len(t), 'torch' in sys.modules)")
+             "print(len(t), 'torch' in sys.modules, 'jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout.split()
-    assert out == ["49152", "False"], out
+    assert out == ["49152", "False", "False"], out
 
 
 @pytest.mark.slow

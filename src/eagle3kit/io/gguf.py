@@ -27,7 +27,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from eagle3kit.errors import InputError
-from eagle3kit.io import gguf_quants
 
 # GGUF architecture -> HF model_type
 _ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
@@ -339,14 +338,21 @@ class GGUFCheckpoint:
         if fix == ("minus_one",):
             w = w - np.float32(1)  # stored as 1 + w (see the module docstring)
         elif fix:
+            from eagle3kit.io import gguf_quants
+
             w = gguf_quants.unpermute_rotary(w, fix[1])
         return w
 
     # ---- on the device: only the stored bytes are transferred (io/gguf_quants.py) ----------
+    # io.gguf_quants (JAX) is imported where it is used: reading a file's metadata, as
+    # `tokenize` does, must not import JAX, or its worker processes are spawned (each loading
+    # the tokenizer again) instead of forked (sharing the parent's)
 
     def on_device(self) -> bool:
         """Whether every tensor can be dequantised on the device: a little-endian file of the
         types io.gguf_quants reads; else the loader takes `get` (the `gguf` package)."""
+        from eagle3kit.io import gguf_quants
+
         return self.reader.byte_order == "<" and all(
             gguf_quants.supported(t.tensor_type) for t in self._tensors.values())
 
@@ -369,6 +375,8 @@ class GGUFCheckpoint:
         device at once."""
         import jax
 
+        from eagle3kit.io import gguf_quants
+
         jobs = []
         for names, transform, cfg, dtype, sharding, stacked in plans:
             flat = [group[0] for group in names]
@@ -388,6 +396,8 @@ class GGUFCheckpoint:
 
     def device_tensor(self, name: str):
         """`get(name)` computed on the default device (float32, equal to `get`)."""
+        from eagle3kit.io import gguf_quants
+
         spec = (self._tensors[name].tensor_type, self.shape(name), self._fix(name))
         return gguf_quants.tensor_program(spec)(self._tensors[name].data)
 
