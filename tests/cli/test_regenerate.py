@@ -176,6 +176,16 @@ def test_rows_split_over_data_devices_write_the_same_file(target, chats, referen
     assert r.exit_code == 0, r.output
     assert "mesh data=4,tensor=1" in r.output
     assert r.stdout_bytes == reference
+    # fewer conversations than data devices: the cache sized to the work rounds its rows up
+    # to the data axis (two first turns on four devices) and answers as one device does
+    first = [a for a in args if a not in ("--slots", "4")] + ["--turns", "first", "--limit", "2"]
+    one = regenerate("--target", target, *first, "--mesh", "data=1,tensor=1",
+                     input=chats.read_bytes())
+    four = regenerate("--target", target, *first, "--mesh", "data=4,tensor=1",
+                      input=chats.read_bytes())
+    assert one.exit_code == 0 and four.exit_code == 0, four.output
+    assert "4 slots x " in four.output
+    assert len(records(four.stdout_bytes)) == 2 and four.stdout_bytes == one.stdout_bytes
 
 
 def test_the_ragged_kernel_writes_the_same_answers(target, chats, reference):

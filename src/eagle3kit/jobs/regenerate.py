@@ -305,7 +305,7 @@ def cache_shape(cfg: RegenerateConfig, work: list[Work], renderer: Renderer
 def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     import jax
 
-    from eagle3kit.core.sharding import make_mesh
+    from eagle3kit.core.sharding import batch_ways, make_mesh
     from eagle3kit.core.target import unstack_in_place
     from eagle3kit.decode.engine import Engine, EngineConfig, Sampling
     from eagle3kit.decode.repetition import Repetition
@@ -320,8 +320,11 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     # unstacked one array at a time: never two copies of the target at once
     weights = unstack_in_place(load_target(ckpt, mesh, common.DTYPES[cfg.target_dtype]),
                                ckpt.config)
+    # the cache sized to the work may hold fewer rows than the data axis has devices (two
+    # conversations on a host of four GPUs): round up, the idle rows cost little memory
+    rows = -(-cfg.slots // batch_ways(mesh)) * batch_ways(mesh)
     engine = Engine(ckpt.config, weights, mesh, sorted(stops), EngineConfig(
-        rows=cfg.slots, max_context=cfg.max_context, sync_every=cfg.sync_every,
+        rows=rows, max_context=cfg.max_context, sync_every=cfg.sync_every,
         attention=attention,
         sampling=Sampling(cfg.temperature, cfg.top_p, cfg.top_k), seed=cfg.seed,
         # a block longer than the context / copies can never repeat: no arrays for it
@@ -330,7 +333,7 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
         if cfg.repeat_copies else None))
     console.print(f"regenerate with {ckpt.config.name} on {jax.device_count()} x "
                   f"{jax.devices()[0].device_kind} (mesh {','.join(f'{k}={v}' for k, v in mesh.shape.items())}; weights loaded "
-                  f"in {time.perf_counter() - t0:.1f}s; {cfg.slots} slots x {cfg.max_context} "
+                  f"in {time.perf_counter() - t0:.1f}s; {rows} slots x {cfg.max_context} "
                   f"positions, KV cache {engine.cache_bytes / 2**30:.2f} GiB"
                   f"{', read by the ragged kernel' if attention == KVAttention.PALLAS else ''})",
                   soft_wrap=True)
