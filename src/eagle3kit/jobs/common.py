@@ -57,8 +57,12 @@ def compile_cache(warn: Callable[[str], None]) -> str | None:
     """On accelerators, keeps compiled programs on disk for `regenerate`, `eval` and `train`
     (EAGLE3KIT_COMPILE_CACHE, default ~/.cache/eagle3kit/xla; JAX_COMPILATION_CACHE_DIR
     wins where set): a repeated or resumed run loads the programs an earlier one compiled.
-    On a CPU only where EAGLE3KIT_COMPILE_CACHE asks for it. Call before the first
-    compilation. Returns the directory in use (None: none)."""
+    On a CPU only where EAGLE3KIT_COMPILE_CACHE asks for it. Call before anything starts
+    JAX's backend: this starts it, with this process's share of a GPU others may use
+    (jobs/gpu_share.py). Returns the directory in use (None: none)."""
+    from eagle3kit.jobs.gpu_share import share_gpu
+
+    share_gpu(warn)
     if jax.config.jax_compilation_cache_dir:
         return jax.config.jax_compilation_cache_dir
     asked = os.environ.get("EAGLE3KIT_COMPILE_CACHE")
