@@ -106,6 +106,10 @@ def test_the_share_follows_the_visible_gpus_and_the_default_where_it_fits(tmp_pa
     assert gpu_share.query_gpus() is None
     four = [Gpu(str(i), 80 * GiB, 80 * GiB - 600 * 2**20) for i in range(4)]
     assert plan(four, {FRACTION: "0.3"}) == (None, None)
+    # a share the user chose is trusted with what its pool leaves (multi_gpu.sh: 0.94)
+    assert plan([Gpu("0", 80 * GiB, 77 * GiB)], {FRACTION: "0.94"}) == (None, None)
+    with pytest.raises(ResourceError, match="0.94 asks for 75.2 GiB; set it to 0.20 or less"):
+        plan([Gpu("0", 80 * GiB, 20 * GiB)], {FRACTION: "0.94"})
 
 
 def test_the_backend_starts_under_the_hosts_start_lock(tmp_path, gpu_host, monkeypatch):

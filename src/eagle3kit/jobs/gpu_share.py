@@ -92,7 +92,9 @@ def plan(gpus: list[Gpu], env: Mapping[str, str]) -> tuple[str | None, str | Non
     except ValueError:
         raise UserError(f"{FRACTION}={given!r}: not a number (a share of each GPU's memory, "
                         "e.g. 0.3)") from None
-    short = [g for g in gpus if fraction * g.total + g.reserve() > g.free]
+    # a fraction the user chose is trusted with what the pool leaves (0.94 for a model that
+    # needs it, on a GPU of its own); JAX's default must leave the reserve
+    short = [g for g in gpus if fraction * g.total + (0 if given else g.reserve()) > g.free]
     if not short:
         return None, None
     g = min(short, key=lambda g: (g.free - g.reserve()) / g.total)
