@@ -24,6 +24,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
+# GGUF tokenizers kept between processes (data/tokenizer_cache.py) in the session's own
+# directory, as the compile cache: never the user's ~/.cache, never another checkout's entry.
+if "EAGLE3KIT_TOKENIZER_CACHE" not in os.environ:
+    os.environ["EAGLE3KIT_TOKENIZER_CACHE"] = tempfile.mkdtemp(prefix="eagle3kit-test-tok-")
+    atexit.register(shutil.rmtree, os.environ["EAGLE3KIT_TOKENIZER_CACHE"], ignore_errors=True)
+
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)

@@ -102,7 +102,9 @@ def _gguf_converted(path: str, mtime_ns: int, size: int) -> tuple[Any, str]:
     process (tests, notebooks) read the same file again."""
     from tokenizers.models import BPE
 
-    cls, backend, kwargs = _gguf_build(path)
+    from eagle3kit.data.tokenizer_cache import built
+
+    cls, backend, kwargs = built(path, _gguf_build)  # another process's build, if kept
     tokenizer = cls(tokenizer_object=backend, **kwargs)
     backend = tokenizer.backend_tokenizer
     model, backend.model = backend.model, BPE()  # serialised without its vocabulary

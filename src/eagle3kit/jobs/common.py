@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from eagle3kit.errors import (
     ResourceError,
     UserError,
     device_out_of_memory,
+    first_line,
 )
 from eagle3kit.io import dtypes
 from eagle3kit.io.checkpoints import file_sha256
@@ -55,18 +57,24 @@ def compile_cache(warn: Callable[[str], None]) -> str | None:
     """On accelerators, keeps compiled programs on disk for `regenerate`, `eval` and `train`
     (EAGLE3KIT_COMPILE_CACHE, default ~/.cache/eagle3kit/xla; JAX_COMPILATION_CACHE_DIR
     wins where set): a repeated or resumed run loads the programs an earlier one compiled.
-    Call before the first compilation. Returns the directory in use (None: none)."""
+    On a CPU only where EAGLE3KIT_COMPILE_CACHE asks for it. Call before anything starts
+    JAX's backend: this starts it, with this process's share of a GPU others may use
+    (jobs/gpu_share.py). Returns the directory in use (None: none)."""
+    from eagle3kit.jobs.gpu_share import share_gpu
+
+    share_gpu(warn)
     if jax.config.jax_compilation_cache_dir:
         return jax.config.jax_compilation_cache_dir
-    if jax.default_backend() == "cpu":  # compiles in seconds; not worth the disk
+    asked = os.environ.get("EAGLE3KIT_COMPILE_CACHE")
+    if not asked and jax.default_backend() == "cpu":  # compiles in seconds; not worth the disk
         return None
-    return use_compile_cache(os.environ.get("EAGLE3KIT_COMPILE_CACHE") or COMPILE_CACHE, warn)
+    return use_compile_cache(asked or COMPILE_CACHE, warn)
 
 
 def use_compile_cache(path: str, warn: Callable[[str], None]) -> str | None:
     """Compiled programs go to and come from `path`, if it is a directory this process can
     write (made if missing); else one warning and the run compiles without a cache. A corrupt
-    entry is JAX's to meet: it warns and compiles that program again."""
+    entry JAX meets itself: it compiles that program again (and says so in one line here)."""
     path = os.path.expanduser(path)
     try:
         os.makedirs(path, exist_ok=True)
@@ -79,7 +87,36 @@ def use_compile_cache(path: str, warn: Callable[[str], None]) -> str | None:
     jax.config.update("jax_compilation_cache_dir", path)
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    _cache_errors_once(path, warn)
     return path
+
+
+_CACHE_ERRORS = ("Error reading persistent compilation cache entry",
+                 "Error writing persistent compilation cache entry")
+
+
+def _cache_errors_once(path: str, warn: Callable[[str], None]) -> None:
+    """JAX warns once per program whose cache entry it cannot read (corrupt) or write (a full
+    disk), each a Python warning of two lines: one line of ours for all of them. Other
+    warnings pass to the hook that was there."""
+    shown = warnings.showwarning
+    shown = getattr(shown, "passes_to", shown)  # set up once per process, not stacked
+    said: list[str] = []
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = first_line(message)
+        if not text.startswith(_CACHE_ERRORS):
+            return shown(message, category, filename, lineno, file, line)
+        if not said:
+            said.append(text)
+            detail = text.split(": ", 1)[-1]
+            warn(f"warning: compile cache {path}: an entry could not be read ({detail}); "
+                 "compiling such programs again" if text.startswith(_CACHE_ERRORS[0]) else
+                 f"warning: compile cache {path}: an entry could not be written ({detail}); "
+                 "the run goes on without keeping such programs")
+
+    show.passes_to = shown  # type: ignore[attr-defined]
+    warnings.showwarning = show
 
 
 @contextlib.contextmanager
