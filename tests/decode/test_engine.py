@@ -85,43 +85,58 @@ def test_greedy_equals_transformers_generate(tiny):
         assert at is None, f"{family}, prompt of {len(p)} tokens: leaves greedy at token {at}"
 
 
-def test_one_row_and_sixteen_rows_with_refill_give_the_same_tokens(llama):
+REFILL_SAMPLING = Sampling(temperature=0.8, top_p=0.9)
+
+
+@pytest.fixture(scope="module")
+def refill(llama):
+    """12 sampled requests of different lengths (request i seeded i) on 6 rows, checked
+    every step (`run`'s engine): (prompts, limits, completions, device steps run). Both
+    tests below compare against this one run (it was run by each)."""
+    _, _, ckpt, w, mesh, prompts = llama
+    prompts = (prompts * 2)[:12]
+    limits = [4 + (7 * i) % 29 for i in range(12)]  # most not multiples of 4
+    engine = Engine(ckpt.config, w, mesh, [], EngineConfig(
+        rows=6, max_context=256, sync_every=8, check_every=1, prefill_chunk=32,
+        sampling=REFILL_SAMPLING))
+    got = engine.generate([Request(i, p, n, i) for i, (p, n) in
+                           enumerate(zip(prompts, limits, strict=True))])
+    return prompts, limits, got, engine.device_steps
+
+
+def test_one_row_and_sixteen_rows_with_refill_give_the_same_tokens(llama, refill):
     """12 requests of different lengths: with 6 rows they finish in another order and
     rows are refilled mid-flight; sampled tokens stay those of one row at a time (sampling
     streams belong to requests, not rows). Greedy rows sharing a batch with refill are
     test_greedy_equals_transformers_generate's (8 prompts on 4 rows)."""
-    family, model, ckpt, w, mesh, prompts = llama
-    prompts = (prompts * 2)[:12]
-    limits = [4 + (7 * i) % 29 for i in range(12)]
-    sampling = Sampling(temperature=0.8, top_p=0.9)
+    family, model, ckpt, w, mesh, _ = llama
+    prompts, limits, many, _ = refill
+    sampling = REFILL_SAMPLING
     one = run(ckpt, w, mesh, prompts, rows=1, sampling=sampling, limits=limits)
-    many = run(ckpt, w, mesh, prompts, rows=6, sampling=sampling, limits=limits)
     assert [c.tokens for c in many] == [c.tokens for c in one], family
     assert [len(c.tokens) for c in one] == limits
-    # same request seed, same answer; another seed, another answer
-    a = run(ckpt, w, mesh, prompts[:2], rows=2, sampling=Sampling(1.0), seeds=[5, 5])
-    b = run(ckpt, w, mesh, prompts[:2], rows=2, sampling=Sampling(1.0), seeds=[6, 6])
+    # same request seed, same answer; another seed, another answer (on the 6 rows above:
+    # their compiled programs)
+    a = run(ckpt, w, mesh, prompts[:2], rows=6, sampling=sampling, seeds=[5, 5])
+    b = run(ckpt, w, mesh, prompts[:2], rows=6, sampling=sampling, seeds=[6, 6])
     assert a[0].tokens != b[0].tokens
 
 
-def test_programs_that_check_every_four_steps_give_the_same_tokens(llama):
+def test_programs_that_check_every_four_steps_give_the_same_tokens(llama, refill):
     """EngineConfig(check_every=4): a decode program decides whether to end early only every
     4 steps (a loop of fixed count between, which a GPU runs without reading the condition
     back). Rows that reach their limit mid-way idle through the rest of the 4 (their tokens
     are not emitted) and are refilled after: every request's sampled tokens are those of
     check_every=1, and every program ran a multiple of 4 steps."""
-    family, model, ckpt, w, mesh, prompts = llama
-    prompts = (prompts * 2)[:12]
-    limits = [4 + (7 * i) % 29 for i in range(12)]  # most not multiples of 4
-    sampling = Sampling(temperature=0.8, top_p=0.9)
+    family, model, ckpt, w, mesh, _ = llama
+    prompts, limits, every_step, every_step_ran = refill  # check_every=1
     requests = [Request(i, p, n, i) for i, (p, n) in enumerate(zip(prompts, limits, strict=True))]
-    got, ran = {}, {}
-    for every in (1, 4):
-        engine = Engine(ckpt.config, w, mesh, [], EngineConfig(
-            rows=6, max_context=256, sync_every=8, check_every=every, prefill_chunk=32,
-            sampling=sampling))
-        got[every] = engine.generate(requests)
-        ran[every] = engine.device_steps
+    got, ran = {1: every_step}, {1: every_step_ran}
+    engine = Engine(ckpt.config, w, mesh, [], EngineConfig(
+        rows=6, max_context=256, sync_every=8, check_every=4, prefill_chunk=32,
+        sampling=REFILL_SAMPLING))
+    got[4] = engine.generate(requests)
+    ran[4] = engine.device_steps
     assert [c.tokens for c in got[4]] == [c.tokens for c in got[1]]
     assert [len(c.tokens) for c in got[4]] == limits
     assert ran[4] % 4 == 0 and ran[1] % 4  # (checking every step ended some programs early)
