@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from eagle3kit.core import draft, layers, target
+from eagle3kit.core import draft, layers, peagle, target
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.core.vocab import VocabMap
@@ -96,6 +96,28 @@ def make_draft(t: Target, *, aux_layer_ids=None, draft_vocab: int = 40, seed: in
     vocab = VocabMap.from_ids(used, cfg.vocab_size)
     return Draft(cfg, w, vocab, name, dict(t.hf_config), {"tokenizer": "96:test"},
                  training or {})
+
+
+def peagle_draft(t: Target, num_layers: int, fc_norm: bool, seed: int = 0) -> Draft:
+    """A random P-EAGLE draft (core/peagle.py) of `num_layers` layers, block 4, mask id 7."""
+    cfg = DraftConfig.for_target(t.ckpt.config, 40).with_arch("peagle")
+    cfg = dataclasses.replace(cfg, num_layers=num_layers, fc_norm=fc_norm, mask_token_id=7,
+                              block_size=4)
+    rng = np.random.default_rng(seed)
+    values = {}
+    for field, info in draft.arrays(peagle.PEagleWeights.abstract(cfg)).items():
+        shape = info.shape
+        if "norm" in field:  # around one, perturbed so that a swapped norm cannot pass
+            values[field] = 1 + 0.3 * rng.standard_normal(shape)
+        elif field in ("embed", "mask_hidden"):
+            values[field] = rng.standard_normal(shape)
+        else:
+            lead = 1 if field.startswith("layers_") else 0
+            fan_in = shape[lead] * (shape[lead + 1] if field.endswith("o") else 1)
+            values[field] = rng.standard_normal(shape) / np.sqrt(fan_in)
+    w = peagle.PEagleWeights(**{k: v.astype(np.float32) for k, v in values.items()})
+    vocab = VocabMap.from_ids(rng.choice(cfg.vocab_size, 40, replace=False), cfg.vocab_size)
+    return Draft(cfg, w, vocab, "org/tiny-llama", dict(t.hf_config), {"tokenizer": "96:test"})
 
 
 @functools.partial(jax.jit, static_argnums=1)

@@ -100,3 +100,6 @@ register("eagle3.1", "EAGLE-3.1", "eagle3kit.core.draft", method="eagle3",
                  "to the next step")
 register("eagle3.1-fc", "EAGLE-3.1 (fc norms)", "eagle3kit.core.draft", method="eagle3",
          flags=("fc_norm",), summary="the fc norms only")
+register("peagle", "P-EAGLE", "eagle3kit.core.peagle",
+         summary="parallel EAGLE: one pass proposes a block of draft tokens; speculators "
+                 "format only")

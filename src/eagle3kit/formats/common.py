@@ -121,10 +121,11 @@ def from_tensors(tensors: dict[str, np.ndarray], table: tuple[Key, ...], cfg: Dr
             raise InputError(f"tensor {key.name!r} has shape {tuple(w.shape)}, the config says "
                              f"{hf_shape(shape, key)}", path=where)
         w = np.asarray(w, np.float32)
-        if key.index is not None:
+        w = np.ascontiguousarray(w.T).reshape(shape) if key.n_in else w.copy()
+        if key.index is not None:  # rows of a stacked field come in order
             rows.setdefault(key.field, []).append(w)
             continue
-        values[key.field] = np.ascontiguousarray(w.T).reshape(shape) if key.n_in else w.copy()
+        values[key.field] = w
     values.update({field: np.stack(ws) for field, ws in rows.items()})
     if "d2t" not in tensors:
         if cfg.draft_vocab_size != cfg.vocab_size:
@@ -161,7 +162,7 @@ def read_weights(tensors: dict[str, np.ndarray], table: tuple[Key, ...], ignored
     if extra:
         raise InputError(f"{len(extra)} tensors do not belong to an {cfg.arch} draft in this "
                          f"format, e.g. {extra[0]!r}", path=where)
-    if "embed_tokens.weight" in tensors:
+    if "embed_tokens.weight" in tensors and not any(k.field == "embed" for k in table):
         log.warning("ignoring embed_tokens.weight: eagle3kit embeds tokens with the target's "
                     "own embedding, as SGLang does (vLLM would have used this copy)")
     return from_tensors(tensors, table, cfg, where)

@@ -45,6 +45,7 @@ def config(draft: Draft, target: TargetConfig, dtype: str,
                             "--target-name ORG/MODEL")
     if speculative_tokens < 1:
         raise InputError(f"--speculative-tokens must be >= 1 (got {speculative_tokens})")
+    own = common.method(cfg).export_fields("speculators", cfg)
     fields = {
         "architectures": [ARCHITECTURE],
         "speculators_model_type": MODEL_TYPE,
@@ -53,7 +54,7 @@ def config(draft: Draft, target: TargetConfig, dtype: str,
         "norm_before_residual": cfg.norm_before_residual,
         "norm_before_fc": False,
         # the architecture's own fields (EAGLE-3.1's fc_norm and norm_output, core/draft.py)
-        **common.method(cfg).export_fields("speculators", cfg),
+        **own,
         "embed_requires_grad": False,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
@@ -61,7 +62,7 @@ def config(draft: Draft, target: TargetConfig, dtype: str,
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy",
-                                  "speculative_tokens": speculative_tokens,
+                                  "speculative_tokens": cfg.block_size or speculative_tokens,
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": draft.target_name,
@@ -70,7 +71,9 @@ def config(draft: Draft, target: TargetConfig, dtype: str,
         "torch_dtype": dtype,
         "dtype": dtype,
     }
-    # the method's export fields may name another model type: the algorithm follows it
+    # the method's fields win over the defaults above, in their places; the algorithm follows
+    # the model type
+    fields.update(own)
     fields["speculators_config"]["algorithm"] = fields["speculators_model_type"]
     return fields
 
