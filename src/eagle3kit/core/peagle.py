@@ -32,13 +32,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from eagle3kit.core import draft
+from eagle3kit.core import draft, losses
+from eagle3kit.core import ttt as ttt_lib
 from eagle3kit.core.arches import Key
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import attend, rms_norm, rope, swiglu
-from eagle3kit.core.sharding import ArrayInfo, fan_in_init, normal_init, ones_init
+from eagle3kit.core.metrics import step_counts
+from eagle3kit.core.sharding import ArrayInfo, fan_in_init, init_weights, normal_init, ones_init
 
 MULTI_LAYER = True
+ENGINE = False  # decode/ runs EAGLE-3's step; a P-EAGLE block pass is not wired into it yet
 MODEL_TYPE = "peagle"  # speculators_model_type and speculators_config.algorithm
 ARCHITECTURE = "PEagleSpeculator"
 DEFAULT_BLOCK = 8  # speculators' num_depths
@@ -108,17 +111,26 @@ def block_inputs(w: PEagleWeights, cfg: DraftConfig, tokens_BxT: jax.Array,
     return embeds, draft.fuse(w, cfg, aux)
 
 
-def _layer(w: PEagleWeights, cfg: DraftConfig, i: int, x_BxTxD: jax.Array,
-           positions_BxT: jax.Array, mask_BxTxS: jax.Array) -> jax.Array:
-    """Later layer i (0-based among the stacked ones): a plain Llama decoder layer."""
-    eps, inv_freq = cfg.rms_norm_eps, jnp.asarray(cfg.rope.inv_freq(cfg.head_dim))
-    h = rms_norm(x_BxTxD, w.layers_input_norm[i], eps)
+def _later_qkv(w: PEagleWeights, cfg: DraftConfig, i: int, x_BxTxD: jax.Array,
+               positions_BxT: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """q, k, v of later layer i (0-based among the stacked ones), a plain Llama layer."""
+    inv_freq = jnp.asarray(cfg.rope.inv_freq(cfg.head_dim))
+    h = rms_norm(x_BxTxD, w.layers_input_norm[i], cfg.rms_norm_eps)
     q = rope(jnp.einsum("btd,dnh->btnh", h, w.layers_q[i]), positions_BxT, inv_freq)
     k = rope(jnp.einsum("btd,dkh->btkh", h, w.layers_k[i]), positions_BxT, inv_freq)
-    v = jnp.einsum("btd,dkh->btkh", h, w.layers_v[i])
-    x = x_BxTxD + jnp.einsum("btnh,nhd->btd", attend(q, k, v, mask_BxTxS), w.layers_o[i])
-    return x + swiglu(rms_norm(x, w.layers_post_attn_norm[i], eps), w.layers_gate[i],
-                      w.layers_up[i], w.layers_down[i])
+    return q, k, jnp.einsum("btd,dkh->btkh", h, w.layers_v[i])
+
+
+def _later_finish(w: PEagleWeights, cfg: DraftConfig, i: int, x_BxTxD: jax.Array,
+                  attn_BxTxNxH: jax.Array) -> jax.Array:
+    x = x_BxTxD + jnp.einsum("btnh,nhd->btd", attn_BxTxNxH, w.layers_o[i])
+    return x + swiglu(rms_norm(x, w.layers_post_attn_norm[i], cfg.rms_norm_eps),
+                      w.layers_gate[i], w.layers_up[i], w.layers_down[i])
+
+
+def _head_cfg(cfg: DraftConfig) -> DraftConfig:
+    """No state is carried between passes: the head always norms (norm_output off)."""
+    return dataclasses.replace(cfg, norm_output=False)
 
 
 def forward(w: PEagleWeights, cfg: DraftConfig, tokens_BxT: jax.Array, aux_BxTxA: jax.Array,
@@ -126,11 +138,11 @@ def forward(w: PEagleWeights, cfg: DraftConfig, tokens_BxT: jax.Array, aux_BxTxA
     """Draft logits [B, T, Vd] of every column in one pass; `mask` [B, T, T] says which
     columns a column attends to (the block mask of the module docstring)."""
     embeds, g = block_inputs(w, cfg, tokens_BxT, aux_BxTxA, real_BxT)
-    h, _ = draft.step(w, dataclasses.replace(cfg, norm_output=False), embeds, g,
-                      positions_BxT, draft.masked(mask_BxTxT))
+    h, _ = draft.step(w, _head_cfg(cfg), embeds, g, positions_BxT, draft.masked(mask_BxTxT))
     for i in range(cfg.num_layers - 1):
-        h = _layer(w, cfg, i, h, positions_BxT, mask_BxTxT)
-    return draft.head(w, dataclasses.replace(cfg, norm_output=False), h)
+        q, k, v = _later_qkv(w, cfg, i, h, positions_BxT)
+        h = _later_finish(w, cfg, i, h, attend(q, k, v, mask_BxTxT))
+    return draft.head(w, _head_cfg(cfg), h)
 
 
 def block_mask(anchor_T: jax.Array, depth_T: jax.Array, segment_T: jax.Array) -> jax.Array:
@@ -141,6 +153,106 @@ def block_mask(anchor_T: jax.Array, depth_T: jax.Array, segment_T: jax.Array) ->
     context = (depth_T == 0)[None, :] & (anchor_T[:, None] >= anchor_T[None, :])
     own = (anchor_T[:, None] == anchor_T[None, :]) & (depth_T[:, None] >= depth_T[None, :])
     return live & same_doc & (context | own)
+
+
+# ---- training (core/trainer.py calls `loss_fn` for this method) ------------------------------
+
+# speculators' COD sampling keeps a fraction max(r**d, r_min) of the anchors at depth d
+# (down_sample_ratio 0.7, down_sample_ratio_min 0.2) and averages the loss over every sampled
+# column. Here every anchor runs at every depth and depth d weighs that fraction: the same
+# loss in expectation, without a random, shape-changing subset.
+COD_RATIO, COD_RATIO_MIN = 0.7, 0.2
+
+
+def depth_weights(steps: int) -> list[float]:
+    return [max(COD_RATIO ** d, COD_RATIO_MIN) for d in range(steps)]
+
+
+def block_logits(w: PEagleWeights, cfg: DraftConfig, sig: Any, batch: Any,
+                 ttt_cfg: Any) -> list[jax.Array]:
+    """Logits [B, T, Vd] of every depth d < K = `ttt_cfg.steps` of the blocks anchored at
+    every column t of the packed rows, in one pass. Column (t, d) sits where TTT's step d of
+    column t does (input x[t+1] and aux[t] at d = 0, the mask token and `mask_hidden` after;
+    position positions[t] + d) and attends to the same keys (the depth-0 columns up to t in
+    its document, and its own block up to d), so TTT's blockwise attention serves."""
+    K, head_cfg = ttt_cfg.steps, _head_cfg(cfg)
+    emb0 = jnp.take(w.embed, ttt_lib.shift(batch.tokens, 1), axis=0)
+    g0 = draft.fuse(w, cfg, sig.aux_BxTxA.astype(w.fc.dtype))
+    emb_mask = jnp.broadcast_to(w.embed[cfg.mask_token_id], emb0.shape)
+    g_mask = jnp.broadcast_to(draft.fuse(w, cfg, w.mask_hidden), g0.shape)
+    positions = [batch.positions + d for d in range(K)]
+
+    def attention(qs, ks, vs):
+        impl = "pallas" if ttt_cfg.attention == "pallas" else "xla"
+        return [ttt_lib.attend_across_steps(qs[d], list(ks[:d + 1]), list(vs[:d + 1]),
+                                            batch.segment_ids, ttt_cfg.attention_block, impl,
+                                            ttt_cfg.flash_blocks) for d in range(K)]
+
+    with jax.named_scope("peagle_layer0"):
+        ps = [draft.project(w, head_cfg, emb0 if d == 0 else emb_mask, g0 if d == 0 else g_mask,
+                            positions[d]) for d in range(K)]
+        outs = attention([p.q_BxTxNxH for p in ps], [p.k_BxTxKxH for p in ps],
+                         [p.v_BxTxKxH for p in ps])
+        hs = [draft.finish(w, head_cfg, a, p.residual_BxTxD)
+              for a, p in zip(outs, ps, strict=True)]
+    for i in range(cfg.num_layers - 1):
+        with jax.named_scope(f"peagle_layer{i + 1}"):
+            qkv = [_later_qkv(w, cfg, i, hs[d], positions[d]) for d in range(K)]
+            outs = attention(*zip(*qkv, strict=True))
+            hs = [_later_finish(w, cfg, i, h, a) for h, a in zip(hs, outs, strict=True)]
+    return [draft.head(w, head_cfg, h) for h in hs]
+
+
+def rollout(w: PEagleWeights, cfg: DraftConfig, sig: Any, batch: Any, vocab: Any, ttt_cfg: Any,
+            denominators_K: jax.Array) -> tuple[jax.Array, Any]:
+    """The loss of every block (`block_logits`; depth d's target is p[t+1+d]) -> (loss,
+    counts per depth)."""
+    K = ttt_cfg.steps
+    w = draft.cast(w, ttt_cfg.compute_dtype)
+    valid = ttt_lib.valid_masks(batch, K)
+    all_logits = block_logits(w, cfg, sig, batch, ttt_cfg)
+    trained, ces, corrects = [], [], []
+    for d in range(K):
+        with jax.named_scope(f"peagle_loss{d}"):
+            logits = all_logits[d]
+            train = valid[d] & ttt_lib.shift(sig.in_draft_BxT, 1 + d)
+            p_d = ttt_lib.shift(sig.probs_BxTxVd, 1 + d)
+            ce = losses.soft_cross_entropy(logits, p_d) * train
+            trained.append(ce if ttt_cfg.loss == "kl"
+                           else losses.per_position_loss(ttt_cfg.loss, logits, p_d) * train)
+            ces.append(ce)
+            predicted = vocab.draft_to_target[jnp.argmax(logits, axis=-1)]
+            corrects.append(valid[d] & (predicted == ttt_lib.shift(sig.argmax_BxT, 1 + d)))
+    weights = depth_weights(K)
+    total = sum(wd * t.sum() for wd, t in zip(weights, trained, strict=True))
+    count = sum(wd * n for wd, n in zip(weights, denominators_K, strict=True))
+    return total / jnp.maximum(count, 1.0), step_counts(valid, corrects, ces)
+
+
+def loss_fn(params: PEagleWeights, target_w: Any, batch: Any, vocab: Any,
+            denominators_K: jax.Array, *, tcfg: Any, dcfg: DraftConfig, ttt: Any
+            ) -> tuple[jax.Array, Any]:
+    """Target forward (frozen) + every block's pass: what the trainer differentiates."""
+    sig = ttt_lib.target_signals(target_w, tcfg, dcfg, vocab, batch, ttt.attention)
+    return rollout(params, dcfg, sig, batch, vocab, ttt, denominators_K)
+
+
+def configure(cfg: DraftConfig, target_hf: dict[str, Any], steps: int) -> DraftConfig:
+    """The block a new draft proposes (`train --ttt-length`) and its mask token: the target's
+    pad token, else its last vocabulary id (a padding row in most vocabularies); the draft
+    owns and trains its embedding, so the row only has to be the same at decoding."""
+    mask = cfg.mask_token_id
+    if mask is None:
+        pad = target_hf.get("pad_token_id")
+        mask = int(pad) if pad is not None else cfg.vocab_size - 1
+    return dataclasses.replace(cfg, block_size=steps, mask_token_id=mask, norm_output=False)
+
+
+def seed_weights(cfg: DraftConfig, target_w: Any, key: jax.Array, mesh: Any) -> PEagleWeights:
+    """A new draft's weights: random, the embedding the target's (speculators copies the
+    verifier's embedding into the draft before training)."""
+    w = init_weights(PEagleWeights.abstract(cfg), key, mesh)
+    return dataclasses.replace(w, embed=jnp.asarray(target_w.embed, jnp.float32))
 
 
 # ---- the registry's entry points (core/arches.py) -----------------------------------------

@@ -107,7 +107,9 @@ class Trainer:
     # ---- step ------------------------------------------------------------------------------
 
     def _loss(self):
-        return functools.partial(ttt.loss_fn, tcfg=self.tcfg, dcfg=self.dcfg, ttt=self.ttt)
+        # a method with its own rollout (core/arches.py) brings its loss; EAGLE-3's is TTT's
+        loss_fn = getattr(arches.method_module(self.dcfg.method), "loss_fn", ttt.loss_fn)
+        return functools.partial(loss_fn, tcfg=self.tcfg, dcfg=self.dcfg, ttt=self.ttt)
 
     def _train_step(self, state: TrainState, target_w, vocab: ttt.VocabArrays,
                     batch: ttt.Batch) -> tuple[TrainState, StepMetrics]:
