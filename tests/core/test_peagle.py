@@ -1,7 +1,8 @@
 """P-EAGLE's training pass (core/peagle.block_logits: every anchor, every depth, TTT's blockwise
 attention) computes exactly what its one-pass forward (core/peagle.forward, the one checked
 against speculators' own model in tests/formats/test_peagle_library.py) computes on the same
-blocks laid out as speculators lays them out, across two packed documents."""
+blocks laid out as speculators lays them out, across two packed documents; and the trainer
+scores a P-EAGLE draft with that pass."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import pytest
 
 from eagle3kit.core import peagle, ttt
 from eagle3kit.core.metrics import summarize
+from eagle3kit.core.optim import OptimConfig
+from eagle3kit.core.sharding import make_mesh
+from eagle3kit.core.trainer import Trainer
 from tests.formats.helpers import peagle_draft, tiny_target
 
 K = 4
@@ -49,3 +53,8 @@ def test_training_pass_equals_the_one_pass_forward(target, num_layers):
     loss, counts = peagle.rollout(w, d.config, sig, batch, vocab, cfg,
                                   ttt.valid_counts(batch, K))
     assert np.isfinite(float(loss)) and len(summarize(counts)["acc"]) == K
+    # the trainer (train, eval --data) scores a P-EAGLE draft with this pass, not TTT's
+    trainer = Trainer(target.ckpt.config, d.config, cfg, OptimConfig(),
+                      make_mesh("data=1,tensor=1", jax.devices()[:1]))
+    via = trainer.eval_step(w, target.weights, vocab, batch)
+    np.testing.assert_allclose(np.asarray(via.ce_sum), np.asarray(counts.ce_sum), rtol=1e-5)
