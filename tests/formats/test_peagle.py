@@ -31,3 +31,19 @@ def test_peagle_round_trips_natively_and_sglang_refuses_it(target, tmp_path):
         "error: the peagle+fc_norm draft cannot be written in the SGLang format; choose "
         "speculators or eagle3kit")
     assert not (tmp_path / "sg").exists()
+
+
+def test_a_published_checkpoint_of_an_unknown_method_is_refused(target, tmp_path):
+    d = peagle_draft(target, num_layers=1, fc_norm=False)
+    r = CliRunner().invoke(app, ["convert", str(save_draft(tmp_path / "final", d)), "--to",
+                                 "speculators", "-o", str(tmp_path / "v")])
+    assert r.exit_code == 0, r.output
+    config = tmp_path / "v" / "config.json"
+    config.write_text(config.read_text().replace('"speculators_model_type": "peagle"',
+                                                 '"speculators_model_type": "dspark"'))
+    r = CliRunner().invoke(app, ["convert", str(tmp_path / "v"), "--to", "eagle3kit", "-o",
+                                 str(tmp_path / "back")], env={"COLUMNS": "250"})
+    assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == (
+        f"error: {config}: speculators_model_type 'dspark' is not a draft method eagle3kit "
+        "reads (eagle3, peagle)"), r.output
+    assert not (tmp_path / "back").exists()

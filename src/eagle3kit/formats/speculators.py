@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eagle3kit.core import arches
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.errors import InputError, MismatchError
 from eagle3kit.formats import common, engine
@@ -106,8 +107,9 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
     try:
         method_fields = common.read_method("speculators", config_dict, where)
     except InputError:
-        raise InputError(f"speculators_model_type {kind!r} is not an EAGLE3 draft",
-                         path=where) from None
+        methods = dict.fromkeys(a.method for a in arches.arches())
+        raise InputError(f"speculators_model_type {kind!r} is not a draft method eagle3kit "
+                         f"reads ({', '.join(methods)})", path=where) from None
     if config_dict.get("norm_before_fc"):
         raise InputError("norm_before_fc: true (one norm over the concatenated states) is not "
                          "supported by eagle3kit's draft head", path=where)
