@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import re
+import types
 from pathlib import Path
 
 import jax
@@ -12,13 +14,25 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from eagle3kit.core import draft, layers, target
+from eagle3kit.core import draft, layers, peagle, target
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
+
+
+def doc_example(heading: str, module_name: str) -> tuple[str, types.ModuleType]:
+    """docs/architecture.md's section under `heading` (up to the next heading), and its
+    example module executed as written."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code, f"{heading!r} has no example module"
+    module = types.ModuleType(module_name)
+    exec(compile(code.group(1), "docs/architecture.md", "exec"), module.__dict__)
+    return section, module
 
 
 @dataclasses.dataclass
@@ -82,6 +96,28 @@ def make_draft(t: Target, *, aux_layer_ids=None, draft_vocab: int = 40, seed: in
     vocab = VocabMap.from_ids(used, cfg.vocab_size)
     return Draft(cfg, w, vocab, name, dict(t.hf_config), {"tokenizer": "96:test"},
                  training or {})
+
+
+def peagle_draft(t: Target, num_layers: int, fc_norm: bool, seed: int = 0) -> Draft:
+    """A random P-EAGLE draft (core/peagle.py) of `num_layers` layers, block 4, mask id 7."""
+    cfg = DraftConfig.for_target(t.ckpt.config, 40).with_arch("peagle")
+    cfg = dataclasses.replace(cfg, num_layers=num_layers, fc_norm=fc_norm, mask_token_id=7,
+                              block_size=4)
+    rng = np.random.default_rng(seed)
+    values = {}
+    for field, info in draft.arrays(peagle.PEagleWeights.abstract(cfg)).items():
+        shape = info.shape
+        if "norm" in field:  # around one, perturbed so that a swapped norm cannot pass
+            values[field] = 1 + 0.3 * rng.standard_normal(shape)
+        elif field in ("embed", "mask_hidden"):
+            values[field] = rng.standard_normal(shape)
+        else:
+            lead = 1 if field.startswith("layers_") else 0
+            fan_in = shape[lead] * (shape[lead + 1] if field.endswith("o") else 1)
+            values[field] = rng.standard_normal(shape) / np.sqrt(fan_in)
+    w = peagle.PEagleWeights(**{k: v.astype(np.float32) for k, v in values.items()})
+    vocab = VocabMap.from_ids(rng.choice(cfg.vocab_size, 40, replace=False), cfg.vocab_size)
+    return Draft(cfg, w, vocab, "org/tiny-llama", dict(t.hf_config), {"tokenizer": "96:test"})
 
 
 @functools.partial(jax.jit, static_argnums=1)

@@ -18,7 +18,7 @@ from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.formats import detect_format, registry
 from eagle3kit.formats.registry import ExportOptions
 from eagle3kit.io.draft_io import load_draft, save_draft
-from tests.formats.helpers import make_draft
+from tests.formats.helpers import doc_example, make_draft
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "### How to add an export format"
@@ -32,17 +32,12 @@ def convert(*args):
 
 
 def doc_section() -> str:
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    return text.split(SECTION, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    return doc_example(SECTION, "toy_format_from_docs")[0]
 
 
 def doc_toy() -> types.ModuleType:
     """The doc's example module, executed as written."""
-    code = re.search(r"```python\n(.*?)```", doc_section(), re.S)
-    assert code, "the section has no example module"
-    module = types.ModuleType("toy_format_from_docs")
-    exec(compile(code.group(1), "docs/architecture.md", "exec"), module.__dict__)
-    return module
+    return doc_example(SECTION, "toy_format_from_docs")[1]
 
 
 @pytest.fixture

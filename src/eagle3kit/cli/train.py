@@ -27,6 +27,7 @@ from eagle3kit.cli._params import (
     Target,
     TargetDtype,
 )
+from eagle3kit.core import arches
 from eagle3kit.errors import UserError
 from eagle3kit.jobs.config import TrainConfig, defaults
 from eagle3kit.jobs.preempt import Preemption
@@ -86,10 +87,8 @@ def train(
     aux_layers: str | None = typer.Option(None, help="Captured target layers as HF "
                                           "hidden_states indices, e.g. 2,15,27 "
                                           "(default 2,N//2,N-3)."),
-    arch: str = typer.Option(D.arch, help="Draft architecture: eagle3; eagle3.1 (an RMSNorm "
-                             "per captured state before fc, and the post-norm state carried "
-                             "to the next step); eagle3.1-fc (the fc norms only). SGLang and "
-                             "vLLM serve all three (docs/serving.md)."),
+    arch: str = typer.Option(D.arch, help=arches.help_text() + " Which engines serve each: "
+                             "docs/serving.md."),
     init_from: str | None = typer.Option(None, help="Start from a draft (eagle3kit, SGLang "
                                          "or speculators format, directory or Hub id)."),
     resume: bool = typer.Option(False, help="Continue the run in --out from its last "

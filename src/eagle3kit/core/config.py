@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from eagle3kit.core import arches
 from eagle3kit.errors import InputError
 
 # model_type -> family. Mistral-style checkpoints are Llama without sliding windows.
@@ -367,11 +368,6 @@ _FAMILY_FIELDS = {"llama": _dense_fields, "qwen2": _dense_fields, "qwen3": _dens
                   "gemma3": _gemma3_fields}
 
 
-# Draft architectures (`train --arch`) by name -> the EAGLE-3.1 changes each has. eagle3.1-fc
-# is 3.1's fc norms alone (the carried state stays pre-norm, as in EAGLE3).
-ARCHES = {"eagle3": (), "eagle3.1": ("fc_norm", "norm_output"), "eagle3.1-fc": ("fc_norm",)}
-
-
 @dataclasses.dataclass(frozen=True)
 class DraftConfig:
     """The EAGLE3 draft head: one Llama decoder layer whose attention reads 2H."""
@@ -394,23 +390,34 @@ class DraftConfig:
     # the next step (core/draft.py); both False is EAGLE3.
     fc_norm: bool = False
     norm_output: bool = False
+    # The method the architecture is built on (core/arches.py): "eagle3" is core/draft.py's
+    # step, which the flags above vary. Parallel drafters propose `block_size` tokens in one
+    # pass of `num_layers` decoder layers, the positions after the first reading the embedding
+    # of `mask_token_id`. Written to a config only when not these defaults, so that the
+    # configs of EAGLE-3 drafts stay as they were.
+    method: str = "eagle3"
+    num_layers: int = 1
+    block_size: int = 0
+    mask_token_id: int | None = None
 
     @property
     def arch(self) -> str:
-        """The name in `ARCHES` of this draft's architecture (an imported draft with another
-        mix of the 3.1 flags: `eagle3+` and its flags)."""
-        flags = {f: getattr(self, f) for f in ("fc_norm", "norm_output")}
-        return next((name for name, on in ARCHES.items()
-                     if flags == {f: f in on for f in flags}),
-                    "eagle3+" + "+".join(f for f, on in flags.items() if on))
+        """The registered architecture (core/arches.py) of this draft: its method and flags
+        (an imported draft with another mix of flags: the method, `+` and its flags)."""
+        fields = arches.flag_fields()
+        flags = {f: bool(getattr(self, f)) for f in fields}
+        return next((a.name for a in arches.arches() if a.method == self.method
+                     and flags == {f: f in a.flags for f in fields}),
+                    "+".join([self.method, *(f for f, on in flags.items() if on)]))
 
     def with_arch(self, name: str) -> DraftConfig:
-        """The same draft with the architecture `name` (a key of `ARCHES`)."""
-        if name not in ARCHES:
+        """The same draft with the registered architecture `name`."""
+        arch = arches.get(name)
+        if arch is None:
             raise InputError(f"unknown draft architecture {name!r}; choose "
-                             f"{', '.join(ARCHES)}")
-        return dataclasses.replace(self, fc_norm="fc_norm" in ARCHES[name],
-                                   norm_output="norm_output" in ARCHES[name])
+                             f"{', '.join(arches.names())}")
+        return dataclasses.replace(self, method=arch.method,
+                                   **{f: f in arch.flags for f in arches.flag_fields()})
 
     @classmethod
     def for_target(cls, target: TargetConfig, draft_vocab_size: int = 32000,
@@ -443,6 +450,9 @@ class DraftConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["aux_layer_ids"] = list(self.aux_layer_ids)
+        for name, default in _OMITTED_AT_DEFAULT.items():
+            if d[name] == default:
+                del d[name]
         return d
 
     @classmethod
@@ -454,8 +464,15 @@ class DraftConfig:
 
     @property
     def num_params(self) -> int:
+        own = getattr(arches.method_module(self.method), "num_params", None)
+        if own is not None:  # a method with weights beyond EAGLE-3's
+            return own(self)
         d, f = self.hidden_size, self.intermediate_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         a = len(self.aux_layer_ids) * self.target_hidden_size
         return (a * d + 2 * d * (q + 2 * kv) + q * d + 3 * d * f
                 + 4 * d + self.draft_vocab_size * d + (a if self.fc_norm else 0))
+
+
+_OMITTED_AT_DEFAULT = {"method": "eagle3", "num_layers": 1, "block_size": 0,
+                       "mask_token_id": None}

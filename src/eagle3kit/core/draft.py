@@ -16,8 +16,12 @@ EAGLE-3.1 (`DraftConfig.fc_norm`, `norm_output`, as speculators and vLLM read th
 
 `step` is the one draft step every caller runs (the trainer's TTT rollout, the chain and tree
 decoders); only its attention differs (across TTT steps, over a KV cache, over a tree), so the
-caller passes that as a function of the projected q, k, v. A new draft architecture changes
-this module, not its callers.
+caller passes that as a function of the projected q, k, v.
+
+This module is the method "eagle3" of the architecture registry (core/arches.py): EAGLE3,
+EAGLE-3.1 and EAGLE-3.1-fc are its flags. Its export mapping (`export_keys`, `export_fields`,
+`read_flags`) says, per engine format, which tensor holds which weight and which config
+fields carry the flags.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from eagle3kit.core.arches import Key
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import attend, rms_norm, rope, swiglu
 from eagle3kit.core.sharding import ArrayInfo, fan_in_init, ones_init
@@ -166,3 +171,66 @@ def masked(mask_BxTxS: jax.Array) -> Attention:
 def cast(w: DraftWeights, dtype: Any) -> DraftWeights:
     """The compute copy of the (fp32 master) weights."""
     return jax.tree.map(lambda x: x.astype(dtype), w)
+
+
+# ---- the method's registry entry points (core/arches.py) ----------------------------------
+
+Weights = DraftWeights
+
+# The prefix of the decoder layer in each engine format this method is written in.
+_LAYER = {"sglang": "midlayer.", "speculators": "layers.0."}
+
+
+def key_table(layer: str) -> tuple[Key, ...]:
+    """The thirteen tensors both engines load, in the order engines write them; `layer` is
+    the prefix of the decoder layer (`midlayer.` or `layers.0.`)."""
+    attn, mlp = f"{layer}self_attn.", f"{layer}mlp."
+    return (
+        Key("fc.weight", "fc", 1),
+        Key(f"{layer}hidden_norm.weight", "hidden_norm", 0),
+        Key(f"{layer}input_layernorm.weight", "input_norm", 0),
+        Key(f"{attn}q_proj.weight", "q", 1),
+        Key(f"{attn}k_proj.weight", "k", 1),
+        Key(f"{attn}v_proj.weight", "v", 1),
+        Key(f"{attn}o_proj.weight", "o", 2),
+        Key(f"{layer}post_attention_layernorm.weight", "post_attn_norm", 0),
+        Key(f"{mlp}gate_proj.weight", "gate", 1),
+        Key(f"{mlp}up_proj.weight", "up", 1),
+        Key(f"{mlp}down_proj.weight", "down", 1),
+        Key("norm.weight", "final_norm", 0),
+        Key("lm_head.weight", "lm_head", 1),
+    )
+
+
+def fc_norm_keys(cfg: DraftConfig) -> tuple[Key, ...]:
+    """EAGLE-3.1's per-state norms `fc_norm.{i}.weight` (SpecForge's, SGLang's and
+    speculators' name alike) when the draft has them."""
+    if not cfg.fc_norm:
+        return ()
+    return tuple(Key(f"fc_norm.{i}.weight", "fc_norm", 0, i)
+                 for i in range(len(cfg.aux_layer_ids)))
+
+
+def export_keys(fmt: str, cfg: DraftConfig) -> tuple[Key, ...] | None:
+    layer = _LAYER.get(fmt)
+    return None if layer is None else key_table(layer) + fc_norm_keys(cfg)
+
+
+def export_fields(fmt: str, cfg: DraftConfig) -> dict[str, Any]:
+    """EAGLE-3.1's flags as each engine reads them: speculators and vLLM always read both;
+    SGLang's midlayer format writes them only when true, since SpecForge 0.2.0's training
+    code read an absent `norm_output` in another sense (formats/sglang.py)."""
+    flags = {"fc_norm": cfg.fc_norm, "norm_output": cfg.norm_output}
+    if fmt == "sglang":
+        return {k: True for k, on in flags.items() if on}
+    return flags
+
+
+def read_flags(fmt: str, config: dict[str, Any]) -> dict[str, Any] | None:
+    """The flags of an engine config of this method (None: the config is another method's),
+    read where and as that engine reads them."""
+    if fmt == "speculators" and config.get("speculators_model_type") != "eagle3":
+        return None
+    fc_norm = config.get("fc_norm") or (fmt == "sglang" and config.get("use_aux_norm"))
+    return {"method": "eagle3", "fc_norm": bool(fc_norm),
+            "norm_output": bool(config.get("norm_output", False))}

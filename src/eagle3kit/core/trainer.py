@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from eagle3kit.core import draft, ttt
+from eagle3kit.core import arches, draft, ttt
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.metrics import StepCounts
 from eagle3kit.core.optim import OptimConfig, make_optimizer, schedule
@@ -67,7 +67,7 @@ class Trainer:
         # batch layouts from the rules table: [micro-batches, rows, tokens] and [rows, tokens]
         self.batch_sharding = NamedSharding(mesh, spec_for((None, "batch", None)))
         self.eval_batch_sharding = NamedSharding(mesh, spec_for(("batch", None)))
-        abstract = draft.DraftWeights.abstract(dcfg, jnp.float32)
+        abstract = arches.method_module(dcfg.method).Weights.abstract(dcfg, jnp.float32)
         self.param_shardings = shardings(abstract, mesh)
         self._abstract_params = abstract
         self.state_shardings = None
@@ -107,7 +107,9 @@ class Trainer:
     # ---- step ------------------------------------------------------------------------------
 
     def _loss(self):
-        return functools.partial(ttt.loss_fn, tcfg=self.tcfg, dcfg=self.dcfg, ttt=self.ttt)
+        # a method with its own rollout (core/arches.py) brings its loss; EAGLE-3's is TTT's
+        loss_fn = getattr(arches.method_module(self.dcfg.method), "loss_fn", ttt.loss_fn)
+        return functools.partial(loss_fn, tcfg=self.tcfg, dcfg=self.dcfg, ttt=self.ttt)
 
     def _train_step(self, state: TrainState, target_w, vocab: ttt.VocabArrays,
                     batch: ttt.Batch) -> tuple[TrainState, StepMetrics]:

@@ -313,3 +313,7 @@ def loss_fn(params: draft.DraftWeights, target_w: target.TargetWeights, batch: B
     """Target forward (frozen) + draft rollout: the function the trainer differentiates."""
     sig = target_signals(target_w, tcfg, dcfg, vocab, batch, ttt.attention)
     return rollout(params, dcfg, sig, batch, vocab, ttt, denominators_K)
+
+
+# What a method whose columns attend like TTT's steps (core/peagle.py) shares with this one.
+shift, attend_across_steps = _shift, _ttt_attend

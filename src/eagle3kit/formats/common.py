@@ -22,10 +22,13 @@ from typing import Any
 import numpy as np
 
 from eagle3kit import __version__
+from eagle3kit.core import arches
+from eagle3kit.core.arches import Key
 from eagle3kit.core.config import DraftConfig, RopeConfig, TargetConfig
-from eagle3kit.core.draft import DraftWeights, arrays
+from eagle3kit.core.draft import arrays
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.errors import InputError, MismatchError
+from eagle3kit.formats import registry
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.dtypes import DTYPES, dtype_name
 
@@ -38,44 +41,42 @@ SIDECAR_FORMAT = "eagle3kit-export"
 WEIGHTS = "model.safetensors"
 
 # ---- the key table ------------------------------------------------------------------------
+# What each tensor of an engine format holds is the architecture's to say (its module's
+# `export_keys`, core/arches.py); `Key` is defined there.
 
 
-@dataclasses.dataclass(frozen=True)
-class Key:
-    name: str  # tensor name in the engine's safetensors
-    field: str  # DraftWeights field
-    n_in: int  # leading eagle3kit axes that are the linear's input; 0 for a vector
-    index: int | None = None  # one row of a stacked field (EAGLE-3.1's fc_norm.{i})
+def method(cfg: DraftConfig) -> Any:
+    """The module implementing `cfg`'s method (core/draft.py for EAGLE-3 and 3.1)."""
+    return arches.method_module(cfg.method)
 
 
-def key_table(layer: str) -> tuple[Key, ...]:
-    """The tensors of one format, in the order engines write them; `layer` is the prefix of
-    the decoder layer (`midlayer.` or `layers.0.`)."""
-    attn, mlp = f"{layer}self_attn.", f"{layer}mlp."
-    return (
-        Key("fc.weight", "fc", 1),
-        Key(f"{layer}hidden_norm.weight", "hidden_norm", 0),
-        Key(f"{layer}input_layernorm.weight", "input_norm", 0),
-        Key(f"{attn}q_proj.weight", "q", 1),
-        Key(f"{attn}k_proj.weight", "k", 1),
-        Key(f"{attn}v_proj.weight", "v", 1),
-        Key(f"{attn}o_proj.weight", "o", 2),
-        Key(f"{layer}post_attention_layernorm.weight", "post_attn_norm", 0),
-        Key(f"{mlp}gate_proj.weight", "gate", 1),
-        Key(f"{mlp}up_proj.weight", "up", 1),
-        Key(f"{mlp}down_proj.weight", "down", 1),
-        Key("norm.weight", "final_norm", 0),
-        Key("lm_head.weight", "lm_head", 1),
-    )
+def export_keys(fmt: str, cfg: DraftConfig) -> tuple[Key, ...]:
+    """The tensors format `fmt` holds for `cfg`; a format the architecture has no mapping for
+    is refused."""
+    keys = method(cfg).export_keys(fmt, cfg)
+    if keys is None:
+        fmt_name = registry.get(fmt).display if registry.get(fmt) else fmt
+        raise MismatchError(f"the {cfg.arch} draft cannot be written in the {fmt_name} format; "
+                            f"choose {registry.spoken(formats_of(cfg))}")
+    return keys
 
 
-def with_fc_norms(table: tuple[Key, ...], cfg: DraftConfig) -> tuple[Key, ...]:
-    """`table` plus EAGLE-3.1's per-state norms `fc_norm.{i}.weight` (SpecForge's and
-    speculators' name alike) when the draft has them."""
-    if not cfg.fc_norm:
-        return table
-    return table + tuple(Key(f"fc_norm.{i}.weight", "fc_norm", 0, i)
-                         for i in range(len(cfg.aux_layer_ids)))
+def formats_of(cfg: DraftConfig) -> tuple[str, ...]:
+    """The registered formats that can express `cfg` (eagle3kit's own always can)."""
+    impl = method(cfg)
+    return tuple(f for f in registry.names()
+                 if f == "eagle3kit" or impl.export_keys(f, cfg) is not None)
+
+
+def read_method(fmt: str, config: dict[str, Any], where: object) -> dict[str, Any]:
+    """The `DraftConfig` fields of the method whose mapping reads `config` in format `fmt`
+    (the registered methods asked in turn)."""
+    for impl in dict.fromkeys(arches.method_module(a.method) for a in arches.arches()):
+        fields = impl.read_flags(fmt, config)
+        if fields is not None:
+            return fields
+    raise InputError(f"not a draft architecture eagle3kit reads in this format (it reads "
+                     f"{', '.join(arches.names())})", path=where)
 
 
 def hf_shape(shape: tuple[int, ...], key: Key) -> tuple[int, ...]:
@@ -103,9 +104,11 @@ def to_tensors(draft: Draft, table: tuple[Key, ...], dtype: str) -> dict[str, np
 
 
 def from_tensors(tensors: dict[str, np.ndarray], table: tuple[Key, ...], cfg: DraftConfig,
-                 where: object) -> tuple[DraftWeights, VocabMap]:
-    """Engine tensors -> fp32 DraftWeights and the vocab map, checking every shape and name."""
-    abstract = DraftWeights.abstract(cfg)
+                 where: object) -> tuple[Any, VocabMap]:
+    """Engine tensors -> fp32 weights of `cfg`'s method and the vocab map, checking every
+    shape and name."""
+    weights_class = method(cfg).Weights
+    abstract = weights_class.abstract(cfg)
     values, rows = {}, {}
     for key in table:
         shape = getattr(abstract, key.field).shape
@@ -118,10 +121,11 @@ def from_tensors(tensors: dict[str, np.ndarray], table: tuple[Key, ...], cfg: Dr
             raise InputError(f"tensor {key.name!r} has shape {tuple(w.shape)}, the config says "
                              f"{hf_shape(shape, key)}", path=where)
         w = np.asarray(w, np.float32)
-        if key.index is not None:
+        w = np.ascontiguousarray(w.T).reshape(shape) if key.n_in else w.copy()
+        if key.index is not None:  # rows of a stacked field come in order
             rows.setdefault(key.field, []).append(w)
             continue
-        values[key.field] = np.ascontiguousarray(w.T).reshape(shape) if key.n_in else w.copy()
+        values[key.field] = w
     values.update({field: np.stack(ws) for field, ws in rows.items()})
     if "d2t" not in tensors:
         if cfg.draft_vocab_size != cfg.vocab_size:
@@ -147,18 +151,18 @@ def from_tensors(tensors: dict[str, np.ndarray], table: tuple[Key, ...], cfg: Dr
             vocab = VocabMap(d2t.astype(np.int64), t2d)
         except InputError as e:
             raise InputError(str(e), path=where) from None
-    return DraftWeights(**values), vocab
+    return weights_class(**values), vocab
 
 
 def read_weights(tensors: dict[str, np.ndarray], table: tuple[Key, ...], ignored: tuple[str, ...],
-                 cfg: DraftConfig, where: object) -> tuple[DraftWeights, VocabMap]:
+                 cfg: DraftConfig, where: object) -> tuple[Any, VocabMap]:
     """`from_tensors` after refusing tensors that belong to no parameter (an engine would
     silently skip them or fail) and dropping the ones eagle3kit never needs."""
     extra = sorted(set(tensors) - {k.name for k in table} - {"d2t", "t2d", *ignored})
     if extra:
-        raise InputError(f"{len(extra)} tensors do not belong to an EAGLE3 draft in this "
+        raise InputError(f"{len(extra)} tensors do not belong to an {cfg.arch} draft in this "
                          f"format, e.g. {extra[0]!r}", path=where)
-    if "embed_tokens.weight" in tensors:
+    if "embed_tokens.weight" in tensors and not any(k.field == "embed" for k in table):
         log.warning("ignoring embed_tokens.weight: eagle3kit embeds tokens with the target's "
                     "own embedding, as SGLang does (vLLM would have used this copy)")
     return from_tensors(tensors, table, cfg, where)
@@ -194,7 +198,7 @@ def llama_fields(draft: Draft, target: TargetConfig, dtype: str) -> dict[str, An
         "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads,
         "head_dim": cfg.head_dim,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": cfg.num_layers,
         "hidden_act": "silu",
         "rms_norm_eps": cfg.rms_norm_eps,
         "vocab_size": cfg.vocab_size,
@@ -217,9 +221,12 @@ def llama_fields(draft: Draft, target: TargetConfig, dtype: str) -> dict[str, An
 def read_llama_fields(d: dict[str, Any], where: object, *, vocab_size: int | None = None,
                       draft_vocab_size: int | None = None, target_hidden_size: int | None = None,
                       aux_layer_ids: tuple[int, ...], norm_before_residual: bool,
-                      fc_norm: bool = False, norm_output: bool = False) -> DraftConfig:
-    """DraftConfig from an engine's Llama fields; refuses what the eagle3kit head can't run."""
-    if int(d.get("num_hidden_layers", 1)) != 1:
+                      **method_fields: Any) -> DraftConfig:
+    """DraftConfig from an engine's Llama fields and the method's own (`read_method`);
+    refuses what the eagle3kit head can't run."""
+    num_layers = int(d.get("num_hidden_layers", 1))
+    if num_layers != 1 and not getattr(arches.method_module(
+            method_fields.get("method", "eagle3")), "MULTI_LAYER", False):
         raise InputError(f"num_hidden_layers={d['num_hidden_layers']}: only one-layer EAGLE3 "
                          "drafts are supported", path=where)
     for flag in ("attention_bias", "mlp_bias", "bias"):
@@ -246,8 +253,8 @@ def read_llama_fields(d: dict[str, Any], where: object, *, vocab_size: int | Non
             rope=RopeConfig.from_hf(d, where),
             max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
             norm_before_residual=norm_before_residual,
-            fc_norm=fc_norm,
-            norm_output=norm_output,
+            num_layers=num_layers,
+            **method_fields,
         )
     except KeyError as e:
         raise InputError(f"config is missing the field {e.args[0]!r}", path=where) from None
@@ -369,7 +376,7 @@ def check_exportable(draft: Draft, min_layer_id: int) -> TargetConfig:
         # the engines embed tokens with the target's embedding, width hidden_size
         raise MismatchError(f"draft hidden size {cfg.hidden_size} differs from the target's "
                             f"{target.hidden_size}; the target's embeddings would not fit")
-    for name, info in arrays(DraftWeights.abstract(cfg)).items():
+    for name, info in arrays(method(cfg).Weights.abstract(cfg)).items():
         w = getattr(draft.weights, name)
         if w is None or np.shape(w) != info.shape:
             raise MismatchError(f"weight {name} has shape {np.shape(w) if w is not None else None}, "

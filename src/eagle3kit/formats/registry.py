@@ -12,17 +12,18 @@ and may define `DTYPE` (the weights' dtype whatever --dtype says), `guess(direct
 bool` (a weaker sign, asked only when no format's
 `detect` matched) and, for a format engines serve (one `export` gives an `eagle3kit.json`
 sidecar, `engine.export`), `serving(draft_config, target_config, speculative_tokens) ->
-Serving`: what its model card shows. The registry itself imports nothing of eagle3kit: the CLI reads the
+Serving`: what its model card shows. The registry itself imports nothing of eagle3kit but `named`: the CLI reads the
 names and display names for --help without loading JAX; a module is imported on first use.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from eagle3kit.named import Registry, imported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +62,7 @@ class DraftFormat:
 
     @property
     def impl(self) -> Any:
-        if isinstance(self.module, ModuleType):
-            return self.module
-        return importlib.import_module(self.module)
+        return imported(self.module)
 
     @property
     def dtype(self) -> str | None:
@@ -91,32 +90,16 @@ class DraftFormat:
         return serving(draft_config, target_config, speculative_tokens) if serving else None
 
 
-_FORMATS: dict[str, DraftFormat] = {}
+_FORMATS: Registry[DraftFormat] = Registry("draft format", reserved=("auto",))
 
 
 def register(name: str, display: str, module: str | ModuleType) -> DraftFormat:
     """Adds a format (`module`: a dotted module name, imported on first use, or a module);
     --to lists formats in the order they were registered."""
-    if name in _FORMATS or name == "auto":
-        raise ValueError(f"draft format {name!r} is already registered")
-    _FORMATS[name] = fmt = DraftFormat(name, display, module)
-    return fmt
+    return _FORMATS.add(name, DraftFormat(name, display, module))
 
 
-def unregister(name: str) -> None:
-    del _FORMATS[name]
-
-
-def names() -> tuple[str, ...]:
-    return tuple(_FORMATS)
-
-
-def formats() -> tuple[DraftFormat, ...]:
-    return tuple(_FORMATS.values())
-
-
-def get(name: str) -> DraftFormat | None:
-    return _FORMATS.get(name)
+unregister, names, formats, get = _FORMATS.remove, _FORMATS.names, _FORMATS.values, _FORMATS.get
 
 
 def spoken(words: tuple[str, ...] | list[str], last: str = "or") -> str:

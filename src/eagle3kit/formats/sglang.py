@@ -37,7 +37,6 @@ from eagle3kit.io import safetensors as st
 from eagle3kit.io.draft_io import Draft
 
 LAYER = "midlayer."
-KEY_TABLE = common.key_table(LAYER)
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 # names other tools give the same architecture
 ARCHITECTURES = {ARCHITECTURE, "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle"}
@@ -65,10 +64,7 @@ def config(draft: Draft, target: TargetConfig, dtype: str) -> dict[str, Any]:
         # SGLang ignores it; vLLM reads it for this format too (default False)
         "norm_before_residual": False,
     }
-    if cfg.fc_norm:
-        fields["fc_norm"] = True
-    if cfg.norm_output:
-        fields["norm_output"] = True
+    fields.update(common.method(cfg).export_fields("sglang", cfg))
     if cfg.aux_layer_ids != target.default_aux_layer_ids():
         fields["eagle_config"] = {
             "eagle_aux_hidden_state_layer_ids": to_sglang_ids(cfg.aux_layer_ids),
@@ -91,7 +87,7 @@ def write(directory: Path, draft: Draft, dtype: str) -> dict[str, Any]:
             "convention); serve this export with SGLang and use --to speculators for vLLM",
             list(draft.config.aux_layer_ids), fields["eagle_config"][
                 "eagle_aux_hidden_state_layer_ids"])
-    table = common.with_fc_norms(KEY_TABLE, draft.config)
+    table = common.export_keys("sglang", draft.config)
     st.save(directory / common.WEIGHTS, common.to_tensors(draft, table, dtype),
             {"format": "pt"})
     (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
@@ -165,10 +161,8 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
         or lm_head.shape[0], target_hidden_size=common.fc_width(config_dict, tensors, len(ids)),
         aux_layer_ids=ids,
         norm_before_residual=bool(config_dict.get("norm_before_residual", False)),
-        # read where and as SGLang reads them: top-level flags, norm_output false by default
-        fc_norm=bool(config_dict.get("fc_norm") or config_dict.get("use_aux_norm")),
-        norm_output=bool(config_dict.get("norm_output", False)))
-    weights, vocab = common.read_weights(tensors, common.with_fc_norms(KEY_TABLE, cfg),
+        **common.read_method("sglang", config_dict, where))
+    weights, vocab = common.read_weights(tensors, common.export_keys("sglang", cfg),
                                          IGNORED, cfg, directory)
     return cfg, weights, vocab
 

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eagle3kit.core import arches
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.errors import InputError, MismatchError
 from eagle3kit.formats import common, engine
@@ -29,7 +30,6 @@ from eagle3kit.io import safetensors as st
 from eagle3kit.io.draft_io import Draft
 
 LAYER = "layers.0."
-KEY_TABLE = common.key_table(LAYER)
 ARCHITECTURE = "Eagle3Speculator"
 MODEL_TYPE = "eagle3"
 # present in checkpoints written by the speculators library; eagle3kit never needs them
@@ -46,17 +46,16 @@ def config(draft: Draft, target: TargetConfig, dtype: str,
                             "--target-name ORG/MODEL")
     if speculative_tokens < 1:
         raise InputError(f"--speculative-tokens must be >= 1 (got {speculative_tokens})")
-    return {
+    own = common.method(cfg).export_fields("speculators", cfg)
+    fields = {
         "architectures": [ARCHITECTURE],
         "speculators_model_type": MODEL_TYPE,
         "transformer_layer_config": common.llama_fields(draft, target, dtype),
         "draft_vocab_size": cfg.draft_vocab_size,
         "norm_before_residual": cfg.norm_before_residual,
         "norm_before_fc": False,
-        # EAGLE-3.1 (speculators' and vLLM's reading): norms per captured state before fc,
-        # and the post-norm state carried to the next step
-        "fc_norm": cfg.fc_norm,
-        "norm_output": cfg.norm_output,
+        # the architecture's own fields (EAGLE-3.1's fc_norm and norm_output, core/draft.py)
+        **own,
         "embed_requires_grad": False,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
@@ -64,7 +63,7 @@ def config(draft: Draft, target: TargetConfig, dtype: str,
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy",
-                                  "speculative_tokens": speculative_tokens,
+                                  "speculative_tokens": cfg.block_size or speculative_tokens,
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": draft.target_name,
@@ -73,13 +72,18 @@ def config(draft: Draft, target: TargetConfig, dtype: str,
         "torch_dtype": dtype,
         "dtype": dtype,
     }
+    # the method's fields win over the defaults above, in their places; the algorithm follows
+    # the model type
+    fields.update(own)
+    fields["speculators_config"]["algorithm"] = fields["speculators_model_type"]
+    return fields
 
 
 def write(directory: Path, draft: Draft, dtype: str, speculative_tokens: int) -> dict[str, Any]:
     """Writes config.json and model.safetensors into `directory`; returns the config."""
     target = common.check_exportable(draft, min_layer_id=0)
     fields = config(draft, target, dtype, speculative_tokens)
-    table = common.with_fc_norms(KEY_TABLE, draft.config)
+    table = common.export_keys("speculators", draft.config)
     st.save(directory / common.WEIGHTS, common.to_tensors(draft, table, dtype),
             {"format": "pt"})
     (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
@@ -100,8 +104,12 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
     """(DraftConfig, DraftWeights, VocabMap) of a speculators checkpoint for `target`."""
     where = directory / "config.json"
     kind = config_dict.get("speculators_model_type")
-    if kind != MODEL_TYPE:
-        raise InputError(f"speculators_model_type {kind!r} is not an EAGLE3 draft", path=where)
+    try:
+        method_fields = common.read_method("speculators", config_dict, where)
+    except InputError:
+        methods = dict.fromkeys(a.method for a in arches.arches())
+        raise InputError(f"speculators_model_type {kind!r} is not a draft method eagle3kit "
+                         f"reads ({', '.join(methods)})", path=where) from None
     if config_dict.get("norm_before_fc"):
         raise InputError("norm_before_fc: true (one norm over the concatenated states) is not "
                          "supported by eagle3kit's draft head", path=where)
@@ -122,9 +130,8 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
         target_hidden_size=common.fc_width(config_dict, tensors, len(ids)), aux_layer_ids=ids,
         # vLLM's reading when the key is absent
         norm_before_residual=bool(config_dict.get("norm_before_residual", True)),
-        fc_norm=bool(config_dict.get("fc_norm", False)),
-        norm_output=bool(config_dict.get("norm_output", False)))
-    weights, vocab = common.read_weights(tensors, common.with_fc_norms(KEY_TABLE, cfg),
+        **method_fields)
+    weights, vocab = common.read_weights(tensors, common.export_keys("speculators", cfg),
                                          IGNORED, cfg, directory)
     return cfg, weights, vocab
 

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from eagle3kit import __version__
+from eagle3kit.core import arches
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.data.records import display_name, open_input
 from eagle3kit.errors import InputError, MismatchError
@@ -252,8 +253,7 @@ def front_matter(c: CardInputs) -> str:
 def render(c: CardInputs) -> str:
     """The whole card as Markdown."""
     short = c.target_name.rsplit("/", 1)[-1] or "the target model"
-    method = {"eagle3.1": "EAGLE-3.1", "eagle3.1-fc": "EAGLE-3.1 (fc norms)"}.get(
-        c.draft.arch, "EAGLE3")
+    method = arches.display(c.draft.arch)
     parts = [
         f"---\n{front_matter(c)}\n---\n{MARKER}\n",
         f"# {method.split(' ')[0]} draft head for {short}\n",

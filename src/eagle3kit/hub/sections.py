@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eagle3kit import __version__
+from eagle3kit.core import arches
 
 if TYPE_CHECKING:
     from eagle3kit.hub.card import CardInputs, EvalResult
@@ -359,7 +360,7 @@ def architecture(c: CardInputs) -> str:
     d = c.draft
     ids = list(d.aux_layer_ids)
     rows = [
-        ("Architecture", f"{'EAGLE-3.1' if d.arch == 'eagle3.1' else 'EAGLE3'} head: fc over "
+        ("Architecture", f"{arches.display(d.arch).split(' ')[0]} head: fc over "
                          f"{len(ids)} target states{' (each RMS-normed first)' if d.fc_norm else ''}"
                          ", one Llama decoder layer of width 2H, own lm_head over the draft "
                          "vocabulary" + ("; the post-norm state feeds the next step "

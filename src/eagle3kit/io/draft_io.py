@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from eagle3kit.core import arches
 from eagle3kit.core import draft as draft_module
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
@@ -42,7 +43,7 @@ class Draft:
     """A draft in memory: config, weights (numpy or jax), vocab map, and provenance."""
 
     config: DraftConfig
-    weights: DraftWeights
+    weights: DraftWeights  # or the weights class of the config's method (core/arches.py)
     vocab: VocabMap
     target_name: str = ""
     target_config: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -111,7 +112,8 @@ def load_draft(directory: str | os.PathLike) -> Draft:
     cfg = DraftConfig.from_dict(meta["draft"])
     f = st.SafetensorsFile(directory / WEIGHTS)
     values = {}
-    for name, info in draft_module.arrays(DraftWeights.abstract(cfg)).items():
+    weights_class = arches.method_module(cfg.method).Weights
+    for name, info in draft_module.arrays(weights_class.abstract(cfg)).items():
         if name not in f.names:
             raise InputError(f"missing tensor {name!r}", path=directory / WEIGHTS)
         value = np.array(f.get(name))
@@ -124,6 +126,6 @@ def load_draft(directory: str | os.PathLike) -> Draft:
         raise InputError(f"vocab map is {vocab.draft_size}/{vocab.target_size} but the config "
                          f"says {cfg.draft_vocab_size}/{cfg.vocab_size}", path=directory)
     target = meta.get("target", {})
-    return Draft(cfg, DraftWeights(**values), vocab, target.get("name", ""),
+    return Draft(cfg, weights_class(**values), vocab, target.get("name", ""),
                  target.get("config", {}), meta.get("fingerprints", {}),
                  meta.get("training", {}))

@@ -16,7 +16,7 @@ import math
 import os
 from typing import Any
 
-from eagle3kit.core.config import ARCHES
+from eagle3kit.core import arches
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.errors import UserError
 from eagle3kit.io import dtypes
@@ -69,7 +69,7 @@ class TrainConfig:
     eval_every: int = 500
     log_every: int = 10
     aux_layer_ids: tuple[int, ...] | None = None
-    arch: str = "eagle3"  # a key of core.config.ARCHES
+    arch: str = "eagle3"  # a registered architecture (core/arches.py)
     init_from: str | None = None
     resume: bool = False
     time_limit: float | None = None  # seconds; then checkpoint and exit 75 (resumable)
@@ -141,7 +141,7 @@ def _validate(c: TrainConfig) -> None:
     for name, value in (("--dtype", c.dtype), ("--target-dtype", c.target_dtype)):
         if value not in COMPUTE_DTYPES:  # the command line canonicalises aliases (bf16)
             dtypes.dtype_name(value, COMPUTE_DTYPES, name)
-    for name, value, choices in (("--arch", c.arch, tuple(ARCHES)),
+    for name, value, choices in (("--arch", c.arch, arches.names()),
                                  ("--attention", c.attention, ATTENTION),
                                  ("--loss", t.loss, LOSSES),
                                  ("--position-weights", t.position_weights, POSITION_WEIGHTS)):

@@ -23,8 +23,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from eagle3kit.core import arches, target, ttt
 from eagle3kit.core import draft as draft_lib
-from eagle3kit.core import target, ttt
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import batch_ways, make_mesh, parse_mesh_spec
@@ -164,6 +164,9 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     ckpt = resolve_target(cfg.target)
     tcfg = ckpt.config
     draft = common.load_draft_for_target(cfg.draft, cfg.target, ckpt, key)
+    if generate and not getattr(arches.method_module(draft.config.method), "ENGINE", True):
+        raise UserError(f"{cfg.draft}: the generation engine does not run {draft.config.arch} "
+                        "drafts yet; measure it teacher-forced with --data")
     if key is None:  # a target without tokenizer files: trust the draft's record
         if "tokenizer" not in draft.fingerprints:
             raise UserError(f"cannot tell which tokenizer made the data: {cfg.target} has no "

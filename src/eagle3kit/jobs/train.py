@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from eagle3kit.core import target, ttt
+from eagle3kit.core import arches, target, ttt
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.metrics import summarize
@@ -164,7 +164,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
         load_target(setup.ckpt, mesh, common.DTYPES[cfg.target_dtype]), tcfg, fuse=False)
     vocab_dev = jax.device_put(ttt.VocabArrays.from_map(setup.vocab), trainer.replicated)
     state, step, epoch, position, elapsed_before = _initial_state(cfg, trainer, out,
-                                                                  setup.init, console)
+                                                                  setup.init, target_w, console)
     _stop_if_asked(stop, "before training started; nothing to save")
     t_segment = time.time()  # wall time of earlier (resumed) segments is in elapsed_before
     read = len(docs) + docs.dropped
@@ -293,6 +293,9 @@ def _check_and_load(cfg: TrainConfig) -> _Setup:
     init = _init_params(cfg, ckpt, key)
     dcfg = init.config if init else DraftConfig.for_target(
         tcfg, vocab.draft_size, cfg.aux_layer_ids).with_arch(cfg.arch)
+    configure = getattr(arches.method_module(dcfg.method), "configure", None)
+    if configure and not init:  # a method's own settings (P-EAGLE: its block, its mask token)
+        dcfg = configure(dcfg, ckpt.hf_config, cfg.ttt.steps)
     if init:
         vocab = _check_init_vocab(init, vocab, cfg.init_from)
         if init.config.arch != cfg.arch:
@@ -341,7 +344,7 @@ def _check_init_vocab(init: Draft, vocab, where) -> Any:
     return init.vocab
 
 
-def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | None,
+def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | None, target_w,
                    console):
     """(state, step, epoch, position, elapsed seconds) to start from.
 
@@ -364,6 +367,9 @@ def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | 
                       "starting it over from step 1")
         _truncate_metrics(out / "metrics.jsonl", 0)
     params = init.weights if init else None
+    seed = getattr(arches.method_module(trainer.dcfg.method), "seed_weights", None)
+    if params is None and seed:  # a method that starts from some of the target's weights
+        params = seed(trainer.dcfg, target_w, jax.random.key(cfg.seed), trainer.mesh)
     return trainer.init_state(jax.random.key(cfg.seed), params), 0, 0, 0, 0.0
 
 
