@@ -26,6 +26,9 @@ hide the prefill's FLOPs under the steps' reads; docs/benchmarks.md, issue 22.
     for i in 0 1 2 3; do CUDA_VISIBLE_DEVICES=$i python benchmarks/generate_speed.py ... \\
         --prompts 2048 --slots 128 --shard $i/4 --together /tmp/gen > /tmp/gen/$i.json & done
     wait; python benchmarks/generate_speed.py --combine /tmp/gen/?.json
+    # prompts riding in the decode steps (decode/mixed.py) against prefill programs apart,
+    # both in one process: --mixed-budget 0 is before, 512 after
+    python benchmarks/generate_speed.py ... --slots 128,512 --attention pallas --mixed-budget 0,512
     # where a decode step's time goes: after the timed pass, one more pass of --slots
     # prompts is traced and summed by named scope (benchmarks/profile_summary.py)
     python benchmarks/generate_speed.py ... --slots 128 --profile /tmp/prof
@@ -109,8 +112,8 @@ def sharegpt_prompts(path: str, tokenizer, n: int, max_len: int) -> list[list[in
 
 
 def engine_run(tcfg, w, mesh, prompts, slots, new, max_context, together=None,
-               attention="xla", sampling=Sampling(), profile=None, check_every=1
-               ) -> tuple[float, float, str | None]:
+               attention="xla", sampling=Sampling(), profile=None, check_every=1,
+               mixed_budget=0) -> tuple[float, float, str | None]:
     """(seconds, wall-clock start, profile) of generating `new` tokens for every prompt,
     after a warm-up pass; with `together` (a shard), timing starts once every shard is warm.
     With `profile` (a directory), one more pass of `slots` prompts is traced: where its
@@ -118,7 +121,8 @@ def engine_run(tcfg, w, mesh, prompts, slots, new, max_context, together=None,
     engine = Engine(tcfg, w, mesh, [], EngineConfig(rows=slots, max_context=max_context,
                                                     sync_every=32, attention=attention,
                                                     sampling=sampling,
-                                                    check_every=check_every))
+                                                    check_every=check_every,
+                                                    mixed_budget=mixed_budget))
     requests = [Request(i, p, new) for i, p in enumerate(prompts)]
     engine.generate(requests[: slots * 3 // 2])  # compile the shapes (refills too)
     if together:
@@ -198,6 +202,9 @@ def main() -> None:
     ap.add_argument("--check-every", type=int, default=1, help="device steps between a "
                     "decode program's checks whether to end early (EngineConfig.check_every, "
                     "a divisor of 32)")
+    ap.add_argument("--mixed-budget", default="0", help="prompt tokens each decode step "
+                    "carries (EngineConfig.mixed_budget, decode/mixed.py; 0: prefill programs "
+                    "apart); a comma list times each, e.g. 0,512: before and after")
     ap.add_argument("--hf-batch", type=int, default=0, help="also time transformers' "
                     "generate at this batch size (0: skip)")
     ap.add_argument("--hf-prompts", type=int, default=0, help="prompts for transformers "
@@ -267,17 +274,20 @@ def main() -> None:
     bw = BANDWIDTH.get(device)
     peak = peak_bf16(device)
     data, tensor = mesh.shape["data"], mesh.shape["tensor"]
-    for slots in map(int, args.slots.split(",")):
+    runs = [(slots, int(m)) for slots in map(int, args.slots.split(","))
+            for m in args.mixed_budget.split(",")]
+    for slots, mixed in runs:
         max_context = -(-(max(lens) + args.new) // 128) * 128
-        together = (barrier(args.together, f"slots{slots}", index, count)
+        together = (barrier(args.together, f"slots{slots}m{mixed}", index, count)
                     if args.shard and args.together else None)
         seconds, start, summary = engine_run(tcfg, w, mesh, prompts, slots, args.new, max_context,
                                     together, args.attention,
                                     Sampling(args.temperature, args.top_p), args.profile,
-                                    args.check_every)
+                                    args.check_every, mixed)
         if args.shard:
-            print(json.dumps({"shard": args.shard, "slots": slots, "tokens": total,
-                              "seconds": seconds, "start": start}), flush=True)
+            print(json.dumps({"shard": args.shard, "slots": slots, "mixed_budget": mixed,
+                              "tokens": total, "seconds": seconds, "start": start}),
+                  flush=True)
             continue
         rate = total / seconds
         share = roof = "n/a"
@@ -286,6 +296,7 @@ def main() -> None:
                                      bw, peak)
             share, roof = f"{rate / bound:.0%}", f"{rate / roofline:.0%}"
         where = f" ({args.mesh})" if args.mesh else ""
+        where += f" (mixed {mixed})" if mixed else ""
         print(f"| eagle3kit engine{where} | {slots} | {rate:,.0f} | {share} | {roof} "
               f"| {seconds:.1f} |", flush=True)
         if summary:
