@@ -197,14 +197,26 @@ def test_the_ragged_kernel_writes_the_same_answers(target, chats, reference):
         assert len(r.output.strip().splitlines()) == 1
 
 
-def test_prompts_riding_in_decode_steps_write_the_same_file(target, chats, reference):
-    """`--mixed-budget 64`: later turns and refills ride in the decode steps of the rows
-    that decode (decode/mixed.py) instead of prefill programs: the same records byte for
-    byte. A budget that is no whole number of pieces, or rows over several data ways, are
-    refused in one line."""
+def test_prompts_riding_in_decode_steps_write_the_same_file(target, chats, reference,
+                                                           monkeypatch):
+    """`--mixed-budget 64` reaches the engine (prompts ride in the decode steps of the rows
+    that decode, decode/mixed.py; here every row's answer has 12 tokens, so rows finish
+    together and refills find none decoding: tests/decode/test_mixed.py has rows that do),
+    and the records are the same byte for byte. A budget that is no whole number of pieces,
+    or rows over several data ways, are refused in one line."""
+    from eagle3kit.decode.engine import Engine
+
+    init, budgets = Engine.__init__, []
+
+    def spy(self, tcfg, weights, mesh, stops, cfg, speculation=None):
+        budgets.append((cfg.mixed_budget, cfg.mixed_piece))
+        init(self, tcfg, weights, mesh, stops, cfg, speculation)
+
+    monkeypatch.setattr(Engine, "__init__", spy)
     r = regenerate("--target", target, *COMMON, "--mixed-budget", 64, input=chats.read_bytes())
     assert r.exit_code == 0, r.output
     assert r.stdout_bytes == reference
+    assert budgets == [(64, 64)]
     args = [a for a in COMMON if a not in ("--mesh", "data=1,tensor=1")]
     for extra, words in ((["--mixed-budget", 100], "--mixed-budget 100: a multiple of 64"),
                          (["--mixed-budget", 64, "--mesh", "data=2,tensor=1"],
