@@ -13,7 +13,9 @@ pending request at once. Programs are compiled once per shape:
               written before. A request that shares a key with rows holding a prefix of
               its prompt (`Request.share`, decode/prefixes.py: a conversation's next turn,
               a sample of the same prompt) starts after that prefix, its row kept or copied
-              (`_copy_rows`) instead of prefilled again.
+              (`_copy_rows`) instead of prefilled again. With `mixed_budget`, prompts
+              admitted while rows decode ride in the step program instead, a budget of
+              their tokens per step (decode/mixed.py).
     step      up to `sync_every` device steps of all C rows in one program (a while loop):
               plain, each step feeds every row its newest token and samples the next;
               speculative (`speculation`, decode/speculative.py), each step drafts a chain
