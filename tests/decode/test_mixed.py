@@ -136,3 +136,19 @@ def test_turns_and_samples_that_reuse_rows_ride_in_decode_steps_as_from_scratch(
     assert any(k[0] == "mixed" for k in engine.programs)
     assert ("copy", engine.prefill_batch) in engine.programs
     assert engine.prefilled_tokens + engine.reused_tokens == base.prefilled_tokens
+
+
+def test_mixed_steps_through_the_ragged_kernel_stay_greedy(tiny, chaotic):
+    """EngineConfig(attention="pallas"), the GPU's path (interpret mode here): both token
+    groups of a mixed step read the cache through the kernel (the pieces as rows of their
+    own, several per prompt); the answers stay transformers' greedy tokens."""
+    tcfg, *_, mesh = tiny
+    model, w = chaotic
+    ps = prompts((9, 40, 21), seed=7)
+    limits = [6, 12, 8]
+    engine, got = run(tcfg, w, mesh, ps, 2, limits, attention="pallas", **MIXED)
+    assert any(k[0] == "mixed" for k in engine.programs)
+    for p, tokens in zip(ps, got, strict=True):
+        assert len(tokens) == limits[ps.index(p)]
+        at = greedy_divergence(model, p, tokens)
+        assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
