@@ -26,6 +26,10 @@ hide the prefill's FLOPs under the steps' reads; docs/benchmarks.md, issue 22.
     for i in 0 1 2 3; do CUDA_VISIBLE_DEVICES=$i python benchmarks/generate_speed.py ... \\
         --prompts 2048 --slots 128 --shard $i/4 --together /tmp/gen > /tmp/gen/$i.json & done
     wait; python benchmarks/generate_speed.py --combine /tmp/gen/?.json
+    # prompts riding in the decode steps (decode/mixed.py) against prefill programs apart,
+    # both in one process: --mixed-budget 0 is before, 512 after
+    python benchmarks/generate_speed.py ... --slots 128,512 --attention pallas --stagger \
+        --mixed-budget 0,512
     # where a decode step's time goes: after the timed pass, one more pass of --slots
     # prompts is traced and summed by named scope (benchmarks/profile_summary.py)
     python benchmarks/generate_speed.py ... --slots 128 --profile /tmp/prof
@@ -109,8 +113,8 @@ def sharegpt_prompts(path: str, tokenizer, n: int, max_len: int) -> list[list[in
 
 
 def engine_run(tcfg, w, mesh, prompts, slots, new, max_context, together=None,
-               attention="xla", sampling=Sampling(), profile=None, check_every=1
-               ) -> tuple[float, float, str | None]:
+               attention="xla", sampling=Sampling(), profile=None, check_every=1,
+               mixed_budget=0, news=None) -> tuple[float, float, str | None]:
     """(seconds, wall-clock start, profile) of generating `new` tokens for every prompt,
     after a warm-up pass; with `together` (a shard), timing starts once every shard is warm.
     With `profile` (a directory), one more pass of `slots` prompts is traced: where its
@@ -118,15 +122,17 @@ def engine_run(tcfg, w, mesh, prompts, slots, new, max_context, together=None,
     engine = Engine(tcfg, w, mesh, [], EngineConfig(rows=slots, max_context=max_context,
                                                     sync_every=32, attention=attention,
                                                     sampling=sampling,
-                                                    check_every=check_every))
-    requests = [Request(i, p, new) for i, p in enumerate(prompts)]
+                                                    check_every=check_every,
+                                                    mixed_budget=mixed_budget))
+    news = news or [new] * len(prompts)  # (--stagger: answers of different lengths)
+    requests = [Request(i, p, n) for i, (p, n) in enumerate(zip(prompts, news, strict=True))]
     engine.generate(requests[: slots * 3 // 2])  # compile the shapes (refills too)
     if together:
         together()
     start, t0 = time.time(), time.perf_counter()
     out = engine.generate(requests)
     seconds = time.perf_counter() - t0
-    assert all(len(c.tokens) == new for c in out)
+    assert [len(c.tokens) for c in out] == news
     summary = None
     if profile:
         import profile_summary
@@ -198,6 +204,13 @@ def main() -> None:
     ap.add_argument("--check-every", type=int, default=1, help="device steps between a "
                     "decode program's checks whether to end early (EngineConfig.check_every, "
                     "a divisor of 32)")
+    ap.add_argument("--mixed-budget", default="0", help="prompt tokens each decode step "
+                    "carries (EngineConfig.mixed_budget, decode/mixed.py; 0: prefill programs "
+                    "apart); a comma list times each, e.g. 0,512: before and after")
+    ap.add_argument("--stagger", action="store_true", help="answers of --new/2 to --new "
+                    "tokens (fixed per prompt), so rows finish apart and refills find rows "
+                    "decoding (what --mixed-budget rides on; with equal answers every refill "
+                    "comes when all rows are done)")
     ap.add_argument("--hf-batch", type=int, default=0, help="also time transformers' "
                     "generate at this batch size (0: skip)")
     ap.add_argument("--hf-prompts", type=int, default=0, help="prompts for transformers "
@@ -255,7 +268,8 @@ def main() -> None:
     w = unstack_in_place(w, tcfg)  # as `regenerate` runs it
     print(f"# {tcfg.name or args.random_target} on {jax.device_count()} x {device} (mesh "
           f"{dict(mesh.shape)}), jax {jax.__version__}; {source}, mean prompt "
-          f"{np.mean(lens):.0f} tokens, {args.new} new tokens each, bf16; cache attention "
+          f"{np.mean(lens):.0f} tokens, {args.new} new tokens each"
+          + (" (--stagger: down to half)" if args.stagger else "") + ", bf16; cache attention "
           f"{args.attention}" + (f"; temperature {args.temperature:g}, top-p {args.top_p:g}"
                                  if args.temperature else ", greedy")
           + (f"; checks every {args.check_every} steps" if args.check_every > 1 else "")
@@ -263,29 +277,35 @@ def main() -> None:
     print("| generator | batch | tokens/s | share of bandwidth bound | share of roofline "
           "| seconds |")
     print("|---|---|---|---|---|---|")
-    total = args.new * len(prompts)
+    news = [args.new - (i * 97) % (args.new // 2) for i in range(len(prompts))] \
+        if args.stagger else None
+    total = sum(news) if news else args.new * len(prompts)
     bw = BANDWIDTH.get(device)
     peak = peak_bf16(device)
     data, tensor = mesh.shape["data"], mesh.shape["tensor"]
-    for slots in map(int, args.slots.split(",")):
+    runs = [(slots, int(m)) for slots in map(int, args.slots.split(","))
+            for m in args.mixed_budget.split(",")]
+    for slots, mixed in runs:
         max_context = -(-(max(lens) + args.new) // 128) * 128
-        together = (barrier(args.together, f"slots{slots}", index, count)
+        together = (barrier(args.together, f"slots{slots}m{mixed}", index, count)
                     if args.shard and args.together else None)
         seconds, start, summary = engine_run(tcfg, w, mesh, prompts, slots, args.new, max_context,
                                     together, args.attention,
                                     Sampling(args.temperature, args.top_p), args.profile,
-                                    args.check_every)
+                                    args.check_every, mixed, news)
         if args.shard:
-            print(json.dumps({"shard": args.shard, "slots": slots, "tokens": total,
-                              "seconds": seconds, "start": start}), flush=True)
+            print(json.dumps({"shard": args.shard, "slots": slots, "mixed_budget": mixed,
+                              "tokens": total, "seconds": seconds, "start": start}),
+                  flush=True)
             continue
         rate = total / seconds
         share = roof = "n/a"
         if bw and peak:
-            bound, roofline = bounds(tcfg, weight_bytes, lens, args.new, slots, data, tensor,
-                                     bw, peak)
+            bound, roofline = bounds(tcfg, weight_bytes, lens, total / len(prompts), slots,
+                                     data, tensor, bw, peak)
             share, roof = f"{rate / bound:.0%}", f"{rate / roofline:.0%}"
         where = f" ({args.mesh})" if args.mesh else ""
+        where += f" (mixed {mixed})" if mixed else ""
         print(f"| eagle3kit engine{where} | {slots} | {rate:,.0f} | {share} | {roof} "
               f"| {seconds:.1f} |", flush=True)
         if summary:

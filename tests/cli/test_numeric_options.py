@@ -47,7 +47,7 @@ COMMANDS = {
         "--max-context": (2, 2, "ok"), "--repeat-copies": ("ok", 2, "ok"),
         "--repeat-min-tokens": (2, 2, "ok"), "--repeat-max-block": (2, 2, "ok"),
         "--limit": (2, 2, "ok"), "--slots": (2, 2, "ok"), "--sync-every": (2, 2, "ok"),
-        "--concurrency": (2, 2, "ok"), "--timeout": (2, 2, 2), "--retries": ("ok", 2, "ok")}),
+        "--mixed-budget": ("ok", 2, "ok"), "--concurrency": (2, 2, "ok"), "--timeout": (2, 2, 2), "--retries": ("ok", 2, "ok")}),
     "convert": (["convert", "d", "--to", "sglang", "-o", "out"], {
         "--speculative-tokens": (2, 2, 2)}),
 }

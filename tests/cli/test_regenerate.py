@@ -207,6 +207,57 @@ def test_the_ragged_kernel_writes_the_same_answers(target, chats, reference):
         assert len(r.output.strip().splitlines()) == 1
 
 
+def test_prompts_riding_in_decode_steps_write_the_same_file(target, chats, reference,
+                                                           monkeypatch):
+    """`--mixed-budget 64` reaches the engine (prompts ride in the decode steps of the rows
+    that decode, decode/mixed.py; here every row's answer has 12 tokens, so rows finish
+    together and refills find none decoding: tests/decode/test_mixed.py has rows that do),
+    and the records are the same byte for byte. A budget that is no whole number of pieces,
+    or rows over several data ways, are refused in one line."""
+    from eagle3kit.decode.engine import Engine
+
+    init, budgets = Engine.__init__, []
+
+    def spy(self, tcfg, weights, mesh, stops, cfg, speculation=None):
+        budgets.append((cfg.mixed_budget, cfg.mixed_piece))
+        init(self, tcfg, weights, mesh, stops, cfg, speculation)
+
+    monkeypatch.setattr(Engine, "__init__", spy)
+    r = regenerate("--target", target, *COMMON, "--mixed-budget", 64, input=chats.read_bytes())
+    assert r.exit_code == 0, r.output
+    assert r.stdout_bytes == reference
+    assert budgets == [(64, 64)]
+    args = [a for a in COMMON if a not in ("--mesh", "data=1,tensor=1")]
+    for extra, words in ((["--mixed-budget", 100], "--mixed-budget 100: a multiple of 64"),
+                         (["--mixed-budget", 64, "--mesh", "data=2,tensor=1"],
+                          "one data-parallel way, not 2")):
+        r = regenerate("--target", target, *args, *extra, input=chats.read_bytes())
+        assert r.exit_code == 2 and words in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1
+
+
+def test_a_conversation_that_outgrows_the_context_keeps_its_answers(target):
+    """A conversation that outgrows --max-context mid-way: its first answer is cut where the
+    context ends (finish reason `length`, as many tokens as the row had left), its next
+    turn cannot be asked, and the record keeps the conversation up to that answer, counted
+    as ended early."""
+    chat = ChatRecord("grows", "t", [Message("user", "Hi"), Message("assistant", "a"),
+                                     Message("user", "And?"), Message("assistant", "b")])
+    args = [a for a in COMMON if a not in ("--max-context", "256")]
+    r = regenerate("--target", target, *args, "--max-context", 256, input=encode(chat))
+    first = records(r.stdout_bytes)[0].generation.turns[0]
+    assert first.new_tokens == 12  # room to spare: --max-new-tokens ends it
+    context = first.prompt_tokens + 5
+    r = regenerate("--target", target, *args, "--max-context", context, input=encode(chat))
+    assert r.exit_code == 0, r.output
+    (got,) = records(r.stdout_bytes)
+    assert [m.role for m in got.messages] == ["user", "assistant"]
+    (turn,) = got.generation.turns
+    assert (turn.finish_reason, turn.new_tokens) == ("length", 5)
+    assert "1 conversation ends early" in r.output and "prompt longer than --max-context" \
+        in r.output
+
+
 def test_conversations_that_cannot_be_answered_are_counted_not_fatal(target):
     ok = ChatRecord("ok", "t", [Message("user", "Hi"), Message("assistant", "Hello")])
     no_user = ChatRecord("nouser", "t", [Message("assistant", "Welcome!")])

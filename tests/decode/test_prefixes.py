@@ -48,14 +48,18 @@ class Chat:
 
 
 def regenerate(tcfg, w, mesh, chats: list[Chat], share: bool, sampling: Sampling,
-               rows: int = 4) -> Engine:
+               rows: int = 4, stagger: bool = False, **extra) -> Engine:
+    """`stagger`: answers of different lengths (rows finish apart); `extra`: more
+    EngineConfig (test_mixed: prompts riding in decode steps)."""
     engine = Engine(tcfg, w, mesh, [], EngineConfig(rows=rows, max_context=256, sync_every=4,
-                                                    prefill_chunk=32, sampling=sampling))
+                                                    prefill_chunk=32, sampling=sampling,
+                                                    **extra))
 
     def request(chat: Chat, ids: list[int]) -> Request:
         chat.prompts.append(ids)
         seed = 1000 * chat.index + 10 * chat.sample + len(chat.answers)
-        return Request((chat, ids), ids, NEW - len(chat.answers), seed,
+        new = NEW - len(chat.answers) - (3 * chat.index + chat.sample) % 5 * stagger
+        return Request((chat, ids), ids, new, seed,
                        share=chat.index if share else None)
 
     def answered(chat: Chat, ids: list[int], c) -> None:

@@ -80,6 +80,11 @@ def regenerate(
                               "(KV cache rows); freed rows are refilled at once."),
     sync_every: int = typer.Option(32, "--sync-every", min=1, help="Local engine: decoding "
                                    "steps per device program between host syncs."),
+    mixed_budget: int = typer.Option(0, "--mixed-budget", min=0, help="Local engine: "
+                                     "prompt tokens each decoding step carries beside its "
+                                     "rows (pieces of 64), so refills never stall the rows "
+                                     "that decode; 0: prompts are prefilled apart (e.g. "
+                                     "512; one process per GPU)."),
     mesh: Mesh = None,
     target_dtype: TargetDtype = "bfloat16",
     kv_attention: str = typer.Option("auto", "--kv-attention", help="Local engine: how "
@@ -126,7 +131,7 @@ def regenerate(
         drop_truncated=drop_truncated, repeat_copies=repeat_copies,
         repeat_min_tokens=repeat_min_tokens, repeat_max_block=repeat_max_block,
         on_repetition=on_repetition, limit=limit, shard=shard, resume=resume, force=force, slots=slots,
-        sync_every=sync_every, mesh=mesh, target_dtype=target_dtype,
+        sync_every=sync_every, mixed_budget=mixed_budget, mesh=mesh, target_dtype=target_dtype,
         kv_attention=kv_attention, endpoint=endpoint,
         model=model, concurrency=concurrency, timeout=timeout, retries=retries)
     run(cfg, console)

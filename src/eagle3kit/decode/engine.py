@@ -13,7 +13,9 @@ pending request at once. Programs are compiled once per shape:
               written before. A request that shares a key with rows holding a prefix of
               its prompt (`Request.share`, decode/prefixes.py: a conversation's next turn,
               a sample of the same prompt) starts after that prefix, its row kept or copied
-              (`_copy_rows`) instead of prefilled again.
+              (`_copy_rows`) instead of prefilled again. With `mixed_budget`, prompts
+              admitted while rows decode ride in the step program instead, a budget of
+              their tokens per step (decode/mixed.py).
     step      up to `sync_every` device steps of all C rows in one program (a while loop):
               plain, each step feeds every row its newest token and samples the next;
               speculative (`speculation`, decode/speculative.py), each step drafts a chain
@@ -86,6 +88,9 @@ class EngineConfig:
     check_every: int = 1  # device steps between a program's checks whether to end early
     # (run_steps; fewer checks, fewer of the loop's reads back to the host)
     prefill_chunk: int = 512  # longest prefill piece
+    mixed_budget: int = 0  # prompt tokens a decode step carries (decode/mixed.py: mixed
+    # steps, plain decoding); 0: prompts are prefilled by programs of their own
+    mixed_piece: int = 64  # tokens of one prompt piece in a mixed step (divides the budget)
     sampling: Sampling = Sampling()
     seed: int = 0
     repetition: Repetition | None = None  # end answers that loop (None: never)
@@ -247,24 +252,32 @@ def _decode(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
         cache, s, out = carry
         o, cache = target.forward_rows(w, cfg, s.token[:, None], s.position[:, None], cache,
                                        window=window, rows_impl=rows_impl)
-        with jax.named_scope("lm_head"):  # scopes: benchmarks/profile_summary.py
-            lg = logits(w, o.hidden_BxTxD[:, 0])
-        with jax.named_scope("sampling"):
-            token = sample(lg, request_keys(base_key, s.seed, s.generated), sampling)
-        with jax.named_scope("bookkeeping"):
-            out = out.at[:, i, 0].set(jnp.where(s.active, token, -1))
-            live = s.active.astype(jnp.int32)
-            generated = s.generated + live
-            s = dataclasses.replace(
-                s, token=jnp.where(s.active, token, s.token), position=s.position + live,
-                generated=generated,
-                active=s.active & ~is_stop(token, stop_ids) & (generated < s.limit))
+        s, out = decoded(w, o.hidden_BxTxD[:, 0], s, out, i, base_key, stop_ids, sampling)
         return cache, s, out
 
     out = jnp.full((c, steps, 1), -1, jnp.int32)
     ran, cache, state, out = run_steps(body, (cache, state, out), steps, waiting, state_at=1,
                                        every=every)
     return cache, dcache, state, out, None, ran
+
+
+def decoded(w, hidden_CxD, s: RowState, out, i, base_key, stop_ids, sampling: Sampling
+            ) -> tuple[RowState, jax.Array]:
+    """One plain step's end: every live row samples its next token from its newest hidden
+    state (written to out[:, i], -1 for idle rows) and advances by it."""
+    with jax.named_scope("lm_head"):  # scopes: benchmarks/profile_summary.py
+        lg = logits(w, hidden_CxD)
+    with jax.named_scope("sampling"):
+        token = sample(lg, request_keys(base_key, s.seed, s.generated), sampling)
+    with jax.named_scope("bookkeeping"):
+        out = out.at[:, i, 0].set(jnp.where(s.active, token, -1))
+        live = s.active.astype(jnp.int32)
+        generated = s.generated + live
+        s = dataclasses.replace(
+            s, token=jnp.where(s.active, token, s.token), position=s.position + live,
+            generated=generated,
+            active=s.active & ~is_stop(token, stop_ids) & (generated < s.limit))
+    return s, out
 
 
 def _verify(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting, *,
@@ -392,6 +405,13 @@ class Engine:
                                  "alone (no top-p, top-k): pass Sampling(dec.temperature)")
             if cfg.repetition is not None:
                 raise ValueError("the repetition rule ends plain generation only")
+            if cfg.mixed_budget:
+                raise ValueError("mixed steps are for plain decoding (a verify step does "
+                                 "not carry prompt pieces yet)")
+        if cfg.mixed_budget and (cfg.mixed_piece < 1 or cfg.mixed_budget % cfg.mixed_piece
+                                 or data > 1):
+            raise ValueError(f"mixed_budget {cfg.mixed_budget}: a multiple of mixed_piece "
+                             f"({cfg.mixed_piece}), on one data-parallel way (not {data})")
         self.tcfg, self.mesh, self.cfg, self.spec = tcfg, mesh, cfg, spec
         # per-layer weights: see target.LayerList. A stacked target is copied unstacked (the
         # caller keeps its own); jobs pass target.unstack_in_place's, the target held once
@@ -425,6 +445,10 @@ class Engine:
         self._prefill, self._step = _programs(
             tcfg, cfg.sampling, spec and (spec.dcfg, spec.dec), data, cfg.attention.value,
             cfg.check_every)
+        from eagle3kit.decode import mixed  # (which builds on this module)
+
+        self._mixed = cfg.mixed_budget and mixed.program(tcfg, cfg.sampling,
+                                                         cfg.attention.value, cfg.check_every)
         self._repeats = cfg.repetition and Detector(cfg.repetition, cfg.rows)
         self._prefixes = Prefixes(cfg.rows)
 
@@ -446,15 +470,26 @@ class Engine:
         device program if any row is live; returns the completions, in row order."""
         done: list[Completion] = []
         free = [i for i, row in enumerate(self.rows) if row is None]
+        # prompts ride in the decode steps of rows that decode (decode/mixed.py); a request
+        # whose key has a row still being prefilled waits to copy it
+        ride = bool(self._mixed) and any(r is not None and r.remaining_prompt == 0
+                                         for r in self.rows)
+        filling = {i for i, r in enumerate(self.rows) if r is not None and r.remaining_prompt}
+        deferred = []
         admitted: list[int] = []  # prefilled first (some after copying a held prefix)
         copies: list[tuple[int, int]] = []  # (row, row it copies from) before the prefill
         later: list[tuple[int, int]] = []  # copy from a row this step prefills, then prefill
         while free and queue:
             request = queue.popleft()
             self.check(request)
+            if ride and filling & self._prefixes.by_key.get(request.share, set()):
+                deferred.append(request)
+                continue
             i, source, held = self._prefixes.place(request.share, request.prompt, free,
-                                                   {j for j, _ in later})
+                                                   {j for j, _ in later} | filling)
             free.remove(i)
+            if ride:
+                filling.add(i)
             self.rows[i] = _Row(request, [], len(request.prompt) - held)
             self._prefixes.own(i, request.share, request.prompt, self.rows[i].tokens)
             self.reused_tokens += held
@@ -466,8 +501,12 @@ class Engine:
             if source is not None:
                 copies.append((i, source))
             admitted.append(i)
+        queue.extendleft(reversed(deferred))
         if copies:
             self._copy(copies)
+        if ride and filling:
+            return done + self._run_mixed(waiting=bool(queue))
+        admitted += [i for i in sorted(filling) if i not in admitted]  # pieces left over
         if admitted:
             done += self._prefill_rows(admitted)
         if later:
@@ -563,18 +602,7 @@ class Engine:
 
     def _run_rows(self, waiting: bool) -> list[Completion]:
         steps = self.cfg.sync_every
-        if self.spec is None and self.cfg.attention != "xla":
-            # the kernel reads each row to its own length and no window: one program serves
-            # every length, where a window bucket each recompiled the same step (8B: ~10)
-            window = self.cfg.max_context
-        else:
-            longest = max(len(r.request.prompt) + len(r.tokens) for r in self.rows
-                          if r is not None and r.remaining_prompt == 0)
-            # the furthest slot a live row can write in this program: each step commits at
-            # most K+1 tokens (plain: 1) and writes `verified` from its newest token's slot
-            per_step = self.spec.dec.steps + 1 if self.spec else 1
-            window = window_bucket(longest + steps * per_step + self.verified - per_step,
-                                   self.cfg.max_context)
+        window = self._window(steps)
         self.programs.add(("verify" if self.spec else "decode", self.cfg.rows, steps, window))
         spec = self.spec
         with use_mesh(self.mesh):
@@ -582,7 +610,50 @@ class Engine:
                 self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
                 self.state, self.base_key, self.stop_ids, jnp.asarray(waiting), steps=steps,
                 window=window)
-        out, accepted, ran = jax.device_get((out, accepted, ran))
+        return self._collect(*jax.device_get((out, accepted, ran)))
+
+    def _window(self, steps: int, prompts: Sequence[int] = ()) -> int:
+        """The cache slots a program of `steps` steps reads (the XLA path): past every live
+        row's furthest write, and every prompt (`prompts`: lengths) being prefilled in it."""
+        if self.spec is None and self.cfg.attention != "xla":
+            # the kernel reads each row to its own length and no window: one program serves
+            # every length, where a window bucket each recompiled the same step (8B: ~10)
+            return self.cfg.max_context
+        longest = max([len(r.request.prompt) + len(r.tokens) for r in self.rows
+                       if r is not None and r.remaining_prompt == 0] + list(prompts))
+        # the furthest slot a live row can write in this program: each step commits at
+        # most K+1 tokens (plain: 1) and writes `verified` from its newest token's slot
+        per_step = self.spec.dec.steps + 1 if self.spec else 1
+        return window_bucket(longest + steps * per_step + self.verified - per_step,
+                             self.cfg.max_context)
+
+    def _run_mixed(self, waiting: bool) -> list[Completion]:
+        """One program whose first steps carry the pieces of the prompts being prefilled
+        (decode/mixed.py), then plain steps; rows whose prompt is in go live in it."""
+        from eagle3kit.decode import mixed
+
+        c, t, steps = self.cfg.rows, self.cfg.mixed_piece, self.cfg.sync_every
+        g = self.cfg.mixed_budget // t
+        prompts = {i: (r.request, len(r.request.prompt) - r.remaining_prompt)
+                   for i, r in enumerate(self.rows) if r is not None and r.remaining_prompt}
+        p = mixed.plan(prompts, c, g, t, steps)
+        window = self._window(steps, [len(r.prompt) for r, _ in prompts.values()])
+        self.programs.add(("mixed", c, steps, window, g, t))
+        with use_mesh(self.mesh):
+            self.cache, _, self.state, out, _, ran = self._mixed(
+                self.w, None, None, self.cache, None, self.state, self.base_key,
+                self.stop_ids, jnp.asarray(waiting), jax.tree.map(jnp.asarray, p.waves),
+                jnp.asarray(p.prefilling), steps=steps, window=window)
+        out, ran = jax.device_get((out, ran))
+        for wave in p.pieces[: int(ran)]:  # a program that ended early ran fewer waves
+            for i, start in wave:
+                row = self.rows[i]
+                self.prefilled_tokens += min(t, len(row.request.prompt) - start)
+                row.remaining_prompt = max(0, len(row.request.prompt) - start - t)
+        return self._collect(out, None, ran)
+
+    def _collect(self, out, accepted, ran) -> list[Completion]:
+        """A step program's tokens [C, steps, K+1] (and accepted counts) to the live rows."""
         self.device_steps += int(ran)
         out = np.asarray(out)
         live = [i for i, row in enumerate(self.rows) if row is not None
@@ -663,6 +734,10 @@ def memory_estimate(tcfg: TargetConfig, cfg: EngineConfig, dtype: Any,
             jnp.dtype(spec.draft_w.fc.dtype).itemsize
     step = (tcfg.num_layers * c * s * kv + c * t * tcfg.num_heads * s * 4
             + 3 * c * t * tcfg.vocab_size * 4)
+    if cfg.mixed_budget:  # a mixed step's pieces: their rows' windows, scores, activations
+        pieces = cfg.mixed_budget // cfg.mixed_piece
+        step += (tcfg.num_layers * pieces * s * kv + cfg.mixed_budget * tcfg.num_heads * s * 4
+                 + 4 * cfg.mixed_budget * tcfg.intermediate_size * item)
     p, piece = prefill_batch(c), min(cfg.prefill_chunk, s)
     prefill = (p * piece * tcfg.num_heads * s * 4 + 4 * p * piece * tcfg.intermediate_size
                * item + p * tcfg.vocab_size * 4)

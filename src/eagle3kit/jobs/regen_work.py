@@ -68,6 +68,7 @@ class RegenerateConfig:
     # local engine
     slots: int = 64
     sync_every: int = 32
+    mixed_budget: int = 0  # EngineConfig.mixed_budget: prompt tokens a decode step carries
     mesh: str | None = None
     target_dtype: str = "bfloat16"
     kv_attention: str = "auto"  # EngineConfig.attention, or auto (decode/engine.py)

@@ -107,6 +107,9 @@ def check_config(cfg: RegenerateConfig) -> tuple[int, int]:
     if cfg.slots < 1 or cfg.sync_every < 1 or cfg.concurrency < 1:
         raise UserError("--slots, --sync-every and --concurrency must be >= 1")
     check_kv_attention(cfg.kv_attention)
+    if cfg.mixed_budget % MIXED_PIECE:
+        raise UserError(f"--mixed-budget {cfg.mixed_budget}: a multiple of {MIXED_PIECE} "
+                        "(the tokens of one prompt piece)")
     index, count = 0, 1
     if cfg.shard:
         i, _, n = cfg.shard.partition("/")
@@ -152,6 +155,7 @@ def run_engine(runner: Runner, engine, tokenizer, stop_ids: set[int], stop: Pree
                synced)
 
 
+MIXED_PIECE = 64  # tokens of one prompt piece in a mixed step (EngineConfig.mixed_piece)
 PROGRESS_SECONDS = 30.0  # in logs, a progress line at most this often (and the last one)
 
 
@@ -313,6 +317,9 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
 
     common.compile_cache(console.print)
     mesh = make_mesh(cfg.mesh)
+    if cfg.mixed_budget and batch_ways(mesh) > 1:
+        raise UserError(f"--mixed-budget rides prompts in the steps of one data-parallel way, "
+                        f"not {batch_ways(mesh)}: run one process per GPU with --shard I/N")
     attention = resolve_kv_attention(  # the one place `auto` is resolved for this run
         cfg.kv_attention, mesh.devices.flatten(), "run one process per GPU with --shard I/N "
         "(faster than one process over a mesh, docs/recipes.md)")
@@ -325,6 +332,7 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     rows = -(-cfg.slots // batch_ways(mesh)) * batch_ways(mesh)
     engine = Engine(ckpt.config, weights, mesh, sorted(stops), EngineConfig(
         rows=rows, max_context=cfg.max_context, sync_every=cfg.sync_every,
+        mixed_budget=cfg.mixed_budget, mixed_piece=MIXED_PIECE,
         attention=attention,
         sampling=Sampling(cfg.temperature, cfg.top_p, cfg.top_k), seed=cfg.seed,
         # a block longer than the context / copies can never repeat: no arrays for it
