@@ -232,3 +232,32 @@ def test_export_keys_say_what_each_format_holds():
     assert dflash.export_keys("speculators", reduced)[-1].name == "lm_head.weight"
     assert dflash.export_keys("sglang", full) is not None
     assert dflash.export_keys("sglang", reduced) is None
+
+
+def test_acceptance_counts_equal_speculators_metrics():
+    """Per-slot accuracy and tau against speculators' position accuracies and `eal` (the
+    mean accepted run plus the bonus token), on logits that agree with the target's at about
+    half the slots."""
+    from speculators.losses import resolve_loss_config
+    from speculators.models.dflash.metrics import compute_metrics
+
+    from eagle3kit.core.metrics import summarize
+    p, n = 50, 4
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((1, p * n, V)).astype(np.float32)
+    targets = logits + 2.0 * rng.standard_normal(logits.shape).astype(np.float32)
+    mask = np.ones((1, p * n), np.float32)
+    mask[:, ::n] = 0  # the anchor slots
+    _, metrics = compute_metrics(torch.tensor(logits), torch.tensor(targets),
+                                 torch.tensor(mask), n,
+                                 loss_config=resolve_loss_config("kl_div", "eager"))
+    trained = jnp.asarray(mask.reshape(1, p, n) > 0)
+    counts = dflash_train.block_counts(
+        jnp.asarray(logits).reshape(1, p, n, V), jnp.asarray(targets.argmax(-1)).reshape(1, p, n),
+        trained, jnp.zeros((1, p, n)), jnp.arange(V))
+    for i in range(1, n):
+        assert float(counts.correct[i - 1]) == float(metrics[f"position_{i}_acc_sum"])
+        assert float(counts.total[i - 1]) == float(metrics[f"position_{i}_acc_total"])
+    assert 0 < float(counts.correct.sum()) < float(counts.total.sum())
+    np.testing.assert_allclose(summarize(counts)["tau"],
+                               float(metrics["eal_sum"] / metrics["eal_total"]), rtol=1e-6)

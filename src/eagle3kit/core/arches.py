@@ -100,3 +100,6 @@ register("eagle3.1", "EAGLE-3.1", "eagle3kit.core.draft", method="eagle3",
                  "to the next step")
 register("eagle3.1-fc", "EAGLE-3.1 (fc norms)", "eagle3kit.core.draft", method="eagle3",
          flags=("fc_norm",), summary="the fc norms only")
+register("dflash", "DFlash", "eagle3kit.core.dflash",
+         summary="a block-diffusion drafter: one pass of --draft-layers layers proposes "
+                 "--block-size - 1 tokens")

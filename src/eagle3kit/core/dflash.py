@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from eagle3kit.core.arches import Key
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import MASKED, rms_norm, rope, swiglu
-from eagle3kit.core.sharding import ArrayInfo, fan_in_init, ones_init
+from eagle3kit.core.sharding import ArrayInfo, fan_in_init, init_weights, ones_init
 
 
 @jax.tree_util.register_dataclass
@@ -275,6 +275,17 @@ def num_params(cfg: DraftConfig) -> int:
 def metric_steps(cfg: DraftConfig) -> int:
     """Predicted slots per block: the K of the acceptance metrics."""
     return cfg.block_size - 1
+
+
+def initial_weights(cfg: DraftConfig, key: jax.Array, target_w: Any, vocab: Any
+                    ) -> DFlashWeights:
+    """A fresh draft whose head is the target's over the draft vocab (`vocab`: VocabArrays),
+    as speculators copies it from the verifier; everything else random."""
+    from eagle3kit.core.target import lm_head_weight
+    w = init_weights(DFlashWeights.abstract(cfg), key)
+    w.lm_head = jnp.take(lm_head_weight(target_w), vocab.draft_to_target,
+                         axis=1).astype(jnp.float32)
+    return w
 
 
 def loss_denominators(batch, cfg: DraftConfig, tc) -> jax.Array:

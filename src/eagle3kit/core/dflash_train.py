@@ -109,6 +109,18 @@ def block_loss(per_BxPxL: jax.Array, trained_BxPxL: jax.Array, gamma: float,
     return jnp.sum(jnp.where(trained_BxPxL, per_BxPxL * w, 0.0)) / denominator
 
 
+def block_counts(logits_BxPxLxVd: jax.Array, wanted_BxPxL: jax.Array, trained_BxPxL: jax.Array,
+                 ce_BxPxL: jax.Array, draft_to_target_Vd: jax.Array) -> StepCounts:
+    """The acceptance counts of slots 1..L-1 as TTT steps 0..L-2: right where the draft's
+    argmax, as a target id, is the target's argmax (`wanted`)."""
+    correct = trained_BxPxL & (draft_to_target_Vd[jnp.argmax(logits_BxPxLxVd, axis=-1)]
+                               == wanted_BxPxL)
+    slots = range(1, logits_BxPxLxVd.shape[2])
+    return step_counts([trained_BxPxL[:, :, i] for i in slots],
+                       [correct[:, :, i] for i in slots],
+                       [jnp.where(trained_BxPxL[:, :, i], ce_BxPxL[:, :, i], 0.0) for i in slots])
+
+
 # ---- the trainer's entry points (core/trainer.py dispatches on DraftConfig.method) -----------
 
 def row_anchors(batch: Batch, cfg: DraftConfig, count: int) -> tuple[jax.Array, jax.Array]:
@@ -150,10 +162,6 @@ def loss_fn(params: dflash.DFlashWeights, target_w: target.TargetWeights, batch:
     per = losses.per_position_loss(ttt.loss, logits, target_p)
     loss = block_loss(per, trained, GAMMA, jnp.maximum(denominators[0], 1.0))
     ce = per if ttt.loss == "kl" else losses.soft_cross_entropy(logits, target_p)
-    predicted = vocab.draft_to_target[jnp.argmax(logits, axis=-1)]
     wanted = slot_targets(sig.argmax_BxT[..., None], cols, n)[..., 0]
-    correct = trained & (predicted == wanted)
-    counts = step_counts([trained[:, :, i] for i in range(1, n)],
-                         [correct[:, :, i] for i in range(1, n)],
-                         [jnp.where(trained[:, :, i], ce[:, :, i], 0.0) for i in range(1, n)])
+    counts = block_counts(logits, wanted, trained, ce, vocab.draft_to_target)
     return loss, counts

@@ -198,7 +198,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
                   f"({jax.device_count()} x {_device()}; weights loaded in "
                   f"{time.perf_counter() - t0:.1f}s)")
     base = {"draft": cfg.draft, "draft_digest": draft_digest(draft), "target": tcfg.name,
-            "steps": cfg.steps, "device": _device()}
+            "steps": trainer.ttt.steps, "device": _device()}
     if not generate:
         progress = Progress(console, "teacher-forced batches")
         with progress, common.out_of_memory(
