@@ -48,7 +48,7 @@ def randomize(module, seed: int) -> dict[str, np.ndarray]:
     return {k: v.detach().numpy() for k, v in module.state_dict().items()}
 
 
-def weights(cfg: DraftConfig, sd: dict[str, np.ndarray], lm_head=None) -> dflash.DFlashWeights:
+def weights(cfg: DraftConfig, sd: dict[str, np.ndarray]) -> dflash.DFlashWeights:
     """eagle3kit weights from a peer's state dict, through the export key table."""
     abstract = dflash.DFlashWeights.abstract(cfg)
     values: dict[str, np.ndarray] = {}
@@ -60,7 +60,6 @@ def weights(cfg: DraftConfig, sd: dict[str, np.ndarray], lm_head=None) -> dflash
             values[key.field] = value
         else:
             values.setdefault(key.field, np.zeros(shape, np.float32))[key.index] = value
-    values.setdefault("lm_head", sd["lm_head.weight"].T if lm_head is None else lm_head)
     return dflash.DFlashWeights(**{k: jnp.asarray(v) for k, v in values.items()})
 
 
@@ -103,7 +102,8 @@ def eagle_logits(cfg, w, sd, packed):
     t = packed["tokens"].shape[1]
     emb = jnp.asarray(sd["embed_tokens.weight"])
     return dflash_train.anchored_forward(
-        w, cfg, jnp.asarray(packed["aux"]), lambda tok: emb[tok], jnp.asarray(packed["tokens"]),
+        w, cfg, jnp.asarray(packed["aux"]), lambda tok: emb[tok],
+        jnp.asarray(sd["lm_head.weight"].T), jnp.asarray(packed["tokens"]),
         jnp.arange(t)[None], jnp.ones((1, t), jnp.int32), jnp.asarray(packed["anchors"])[None])
 
 
@@ -160,7 +160,7 @@ def test_cached_decoding_equals_specforge():
                        "mask_token_id": cfg.mask_token_id}
     model = DFlashDraftModel(c).eval()
     sd = randomize(model, 1)
-    w = weights(cfg, sd, lm_head=np.zeros((D, V), np.float32))
+    w = weights(cfg, sd)
     rng = np.random.default_rng(1)
     n, s1, accepted = cfg.block_size, 7, 2
     s2 = s1 + accepted + 1
@@ -209,8 +209,8 @@ def test_a_block_sees_only_its_own_document_before_its_anchor():
     anchors = jnp.asarray([[3, 9]])
 
     def logits(aux):
-        return dflash_train.anchored_forward(w, cfg, aux, lambda x: emb[x], tokens, pos, seg,
-                                             anchors)
+        return dflash_train.anchored_forward(w, cfg, aux, lambda x: emb[x], emb.T, tokens, pos,
+                                             seg, anchors)
 
     base = logits(aux)
     # document 1 changed: block 2 (anchor 9, document 2) must not move; the context at and

@@ -17,7 +17,7 @@ runs through `num_layers` Qwen3 decoder layers whose attention also reads the ta
     logits = lm_head(norm(x))                      slot i > 0 proposes the token at p + i
 
 The context keys come from the same fc output in every layer (not from the draft's own
-residual stream), and the input norm applies to the block only. `lm_head` is the target's
+residual stream), and the input norm applies to the block only. The head is the target's
 head restricted to the draft vocabulary, frozen (speculators freezes it, SpecForge calls the
 target's own). The training forward (core/dflash_train.py) runs many blocks at once, one per
 sampled anchor, each seeing the context before its anchor; decoding keeps the context keys of
@@ -60,7 +60,9 @@ class DFlashWeights:
     up: Any  # Y,D,F
     down: Any  # Y,F,D
     final_norm: Any  # D
-    lm_head: Any  # D,Vd: the target's head over the draft vocab, never trained
+    # D,Vd: a reduced draft vocab's frozen copy of the target's head (speculators keeps one);
+    # None over the full vocab, where the head is the target's own (`head_weight`)
+    lm_head: Any = None
 
     @staticmethod
     def abstract(cfg: DraftConfig, dtype: Any = jnp.float32) -> DFlashWeights:
@@ -91,7 +93,8 @@ class DFlashWeights:
             up=stacked((D, F), 1),
             down=stacked((F, D), 1),
             final_norm=info((D,), ones_init),
-            lm_head=info((D, cfg.draft_vocab_size), fan_in_init(1)),
+            lm_head=(None if cfg.draft_vocab_size == cfg.vocab_size
+                     else info((D, cfg.draft_vocab_size), fan_in_init(1))),
         )
 
 
@@ -205,9 +208,18 @@ def all_context_kv(w: DFlashWeights, cfg: DraftConfig, ctx_BxSxD: jax.Array,
             for y in range(cfg.num_layers)]
 
 
-def head(w: DFlashWeights, h_BxQxD: jax.Array) -> jax.Array:
+def head_weight(w: DFlashWeights, target_w: Any, draft_to_target_Vd: jax.Array) -> jax.Array:
+    """The frozen head [D, Vd]: the draft's copy, or the target's columns of the draft ids."""
+    if w.lm_head is not None:
+        return w.lm_head
+    from eagle3kit.core.target import lm_head_weight
+    return jnp.take(lm_head_weight(target_w), draft_to_target_Vd, axis=1)
+
+
+def head(head_DxVd: jax.Array, h_BxQxD: jax.Array) -> jax.Array:
     """Draft logits [B, Q, Vd] through the frozen head (no gradient reaches it)."""
-    return jnp.einsum("bqd,dv->bqv", h_BxQxD, jax.lax.stop_gradient(w.lm_head))
+    return jnp.einsum("bqd,dv->bqv", h_BxQxD,
+                      jax.lax.stop_gradient(head_DxVd).astype(h_BxQxD.dtype))
 
 
 def cast(w: DFlashWeights, dtype: Any) -> DFlashWeights:
@@ -258,6 +270,12 @@ def export_fields(fmt: str, cfg: DraftConfig) -> dict[str, Any]:
 
 
 def read_flags(fmt: str, config: dict[str, Any]) -> dict[str, Any] | None:
+    """A DFlash config of either engine (formats/dflash.py reads the rest of it)."""
+    if fmt == "speculators":
+        return {"method": "dflash"} if config.get("speculators_model_type") == "dflash" else None
+    if fmt == "sglang" and "speculators_model_type" not in config and (
+            "dflash_config" in config or "DFlashDraftModel" in (config.get("architectures") or ())):
+        return {"method": "dflash"}
     return None
 
 
@@ -279,12 +297,12 @@ def metric_steps(cfg: DraftConfig) -> int:
 
 def initial_weights(cfg: DraftConfig, key: jax.Array, target_w: Any, vocab: Any
                     ) -> DFlashWeights:
-    """A fresh draft whose head is the target's over the draft vocab (`vocab`: VocabArrays),
-    as speculators copies it from the verifier; everything else random."""
-    from eagle3kit.core.target import lm_head_weight
+    """A fresh draft; a reduced vocab's head copied from the target's over the draft vocab
+    (`vocab`: VocabArrays), as speculators copies it from the verifier."""
     w = init_weights(DFlashWeights.abstract(cfg), key)
-    w.lm_head = jnp.take(lm_head_weight(target_w), vocab.draft_to_target,
-                         axis=1).astype(jnp.float32)
+    if w.lm_head is not None:
+        w.lm_head = head_weight(dataclasses.replace(w, lm_head=None), target_w,
+                                vocab.draft_to_target).astype(jnp.float32)
     return w
 
 

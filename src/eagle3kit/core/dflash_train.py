@@ -53,10 +53,10 @@ def sample_anchors(key: jax.Array, loss_mask_BxT: jax.Array, anchors: int, block
 
 
 def anchored_forward(w: dflash.DFlashWeights, cfg: DraftConfig, aux_BxTxA: jax.Array,
-                     embed_fn, tokens_BxT: jax.Array, positions_BxT: jax.Array,
+                     embed_fn, head_DxVd: jax.Array, tokens_BxT: jax.Array, positions_BxT: jax.Array,
                      segment_ids_BxT: jax.Array, anchors_BxP: jax.Array) -> jax.Array:
     """The draft's logits for every block slot -> [B, P * L, Vd]; `embed_fn(tokens)` is the
-    target's embedding."""
+    target's embedding, `head_DxVd` the frozen head (`dflash.head_weight`)."""
     b, t = tokens_BxT.shape
     p, n = anchors_BxP.shape[1], cfg.block_size
     take = jax.vmap(lambda row, idx: row[idx])
@@ -72,7 +72,7 @@ def anchored_forward(w: dflash.DFlashWeights, cfg: DraftConfig, aux_BxTxA: jax.A
     kv = dflash.all_context_kv(w, cfg, ctx, positions_BxT)
     h = dflash.forward(w, cfg, embed_fn(block_tok.reshape(b, p * n)),
                        block_pos.reshape(b, p * n), kv, ctx_mask)
-    return dflash.head(w, h)
+    return dflash.head(head_DxVd, h)
 
 
 def slot_masks(anchors_BxP, valid_BxP, loss_mask_BxT, segment_ids_BxT, block_size):
@@ -155,7 +155,8 @@ def loss_fn(params: dflash.DFlashWeights, target_w: target.TargetWeights, batch:
     cols, valid = row_anchors(batch, dcfg, ttt.anchors)
     b, p, n = cols.shape[0], cols.shape[1], dcfg.block_size
     logits = anchored_forward(w, dcfg, sig.aux_BxTxA.astype(ttt.compute_dtype),
-                              lambda tok: target.embed_tokens(target_w, tok), batch.tokens,
+                              lambda tok: target.embed_tokens(target_w, tok),
+                              dflash.head_weight(w, target_w, vocab.draft_to_target), batch.tokens,
                               batch.positions, batch.segment_ids, cols).reshape(b, p, n, -1)
     trained = slot_masks(cols, valid, batch.loss_mask, batch.segment_ids, n)
     target_p = slot_targets(sig.probs_BxTxVd, cols, n)
