@@ -169,6 +169,11 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
             raise UserError(f"cannot tell which tokenizer made the data: {cfg.target} has no "
                             "tokenizer files and the draft records none")
         key = Fingerprint.from_json(draft.fingerprints["tokenizer"]).key
+    if generate and draft.config.method != "eagle3":
+        # the engine drafts with EAGLE-3's step; a block drafter's decoding is not wired yet
+        raise UserError(f"{cfg.draft} is a {draft.config.arch} draft: `eval --prompts` "
+                        "decodes EAGLE-3 drafts only; measure it with `eval --data` "
+                        "(teacher-forced) or serve its export (docs/serving.md)")
     if cfg.steps is None:
         cfg = dataclasses.replace(cfg, steps=trained_steps(draft))
         check_shape(cfg, " (the draft's --ttt-length)")
