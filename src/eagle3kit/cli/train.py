@@ -89,6 +89,14 @@ def train(
                                           "(default 2,N//2,N-3)."),
     arch: str = typer.Option(D.arch, help=arches.help_text() + " Which engines serve each: "
                              "docs/serving.md."),
+    block_size: int = typer.Option(D.block_size, help="DFlash: tokens per block (the anchor "
+                                   "and block_size - 1 proposed in one pass)."),
+    draft_layers: int = typer.Option(D.draft_layers, help="DFlash: decoder layers."),
+    mask_token_id: int | None = typer.Option(None, help="DFlash: the token id filling a "
+                                             "block after its anchor (default: the target "
+                                             "vocabulary's last id)."),
+    anchors: int = typer.Option(D.anchors, help="DFlash: blocks trained per row (0: "
+                                "--seq-len // --block-size)."),
     init_from: str | None = typer.Option(None, help="Start from a draft (eagle3kit, SGLang "
                                          "or speculators format, directory or Hub id)."),
     resume: bool = typer.Option(False, help="Continue the run in --out from its last "

@@ -103,3 +103,6 @@ register("eagle3.1-fc", "EAGLE-3.1 (fc norms)", "eagle3kit.core.draft", method="
 register("peagle", "P-EAGLE", "eagle3kit.core.peagle",
          summary="parallel EAGLE: one pass proposes a block of draft tokens; speculators "
                  "format only")
+register("dflash", "DFlash", "eagle3kit.core.dflash",
+         summary="a block-diffusion drafter: one pass of --draft-layers layers proposes "
+                 "--block-size - 1 tokens")

@@ -248,7 +248,8 @@ def configure(cfg: DraftConfig, target_hf: dict[str, Any], steps: int) -> DraftC
     return dataclasses.replace(cfg, block_size=steps, mask_token_id=mask, norm_output=False)
 
 
-def seed_weights(cfg: DraftConfig, target_w: Any, key: jax.Array, mesh: Any) -> PEagleWeights:
+def initial_weights(cfg: DraftConfig, key: jax.Array, target_w: Any, vocab: Any, mesh: Any
+                    ) -> PEagleWeights:
     """A new draft's weights: random, the embedding the target's (speculators copies the
     verifier's embedding into the draft before training)."""
     w = init_weights(PEagleWeights.abstract(cfg), key, mesh)

@@ -59,6 +59,11 @@ class Trainer:
 
     def __init__(self, tcfg: TargetConfig, dcfg: DraftConfig, ttt_cfg: ttt.TTTConfig,
                  optim: OptimConfig, mesh: Mesh):
+        # a method that trains otherwise than EAGLE-3's rollout (core/ttt.py) names its own
+        # loss, denominators and number of metric steps (DFlash: core/dflash.py)
+        self.method = arches.method_module(dcfg.method)
+        if hasattr(self.method, "metric_steps"):
+            ttt_cfg = dataclasses.replace(ttt_cfg, steps=self.method.metric_steps(dcfg))
         self.tcfg, self.dcfg, self.ttt, self.optim, self.mesh = tcfg, dcfg, ttt_cfg, optim, mesh
         self.tx = make_optimizer(optim)
         self.lr_at = schedule(optim)
@@ -67,7 +72,7 @@ class Trainer:
         # batch layouts from the rules table: [micro-batches, rows, tokens] and [rows, tokens]
         self.batch_sharding = NamedSharding(mesh, spec_for((None, "batch", None)))
         self.eval_batch_sharding = NamedSharding(mesh, spec_for(("batch", None)))
-        abstract = arches.method_module(dcfg.method).Weights.abstract(dcfg, jnp.float32)
+        abstract = self.method.Weights.abstract(dcfg, jnp.float32)
         self.param_shardings = shardings(abstract, mesh)
         self._abstract_params = abstract
         self.state_shardings = None
@@ -108,15 +113,21 @@ class Trainer:
 
     def _loss(self):
         # a method with its own rollout (core/arches.py) brings its loss; EAGLE-3's is TTT's
-        loss_fn = getattr(arches.method_module(self.dcfg.method), "loss_fn", ttt.loss_fn)
+        loss_fn = getattr(self.method, "loss_fn", ttt.loss_fn)
         return functools.partial(loss_fn, tcfg=self.tcfg, dcfg=self.dcfg, ttt=self.ttt)
+
+    def _denominators(self, batch: ttt.Batch) -> jax.Array:
+        own = getattr(self.method, "loss_denominators", None)
+        if own is not None:
+            return own(batch, self.dcfg, self.ttt)
+        return ttt.valid_counts(batch, self.ttt.steps)
 
     def _train_step(self, state: TrainState, target_w, vocab: ttt.VocabArrays,
                     batch: ttt.Batch) -> tuple[TrainState, StepMetrics]:
         loss_fn = self._loss()
         # per-step masked-token counts over the whole global batch: the loss denominators
         flat = jax.tree.map(lambda x: x.reshape(-1, x.shape[-1]), batch)
-        denominators = ttt.valid_counts(flat, self.ttt.steps)
+        denominators = self._denominators(flat)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
         def micro(carry, mb):
@@ -150,7 +161,7 @@ class Trainer:
             return self._step(state, target_w, vocab, batch)
 
     def _eval_step(self, params, target_w, vocab, batch: ttt.Batch) -> StepCounts:
-        denominators = ttt.valid_counts(batch, self.ttt.steps)
+        denominators = self._denominators(batch)
         _, counts = self._loss()(params, target_w, batch, vocab, denominators)
         return counts
 

@@ -81,6 +81,7 @@ class TTTConfig:
     # more draft FLOPs); the attention scores are recomputed either way
     loss: str = "kl"  # per-position loss, a key of losses.LOSSES
     position_weights: str = "geometric"  # step weights, one of losses.POSITION_WEIGHTS
+    anchors: int = 0  # DFlash: blocks per row (core/dflash_train.py; 0: seq_len // block)
 
 
 @jax.tree_util.register_dataclass

@@ -121,6 +121,7 @@ def from_tensors(tensors: dict[str, np.ndarray], table: tuple[Key, ...], cfg: Dr
             raise InputError(f"tensor {key.name!r} has shape {tuple(w.shape)}, the config says "
                              f"{hf_shape(shape, key)}", path=where)
         w = np.asarray(w, np.float32)
+        # a stacked field's row is a linear too (DFlash's layers.{i}.*): reshaped like one
         w = np.ascontiguousarray(w.T).reshape(shape) if key.n_in else w.copy()
         if key.index is not None:  # rows of a stacked field come in order
             rows.setdefault(key.field, []).append(w)
@@ -174,6 +175,21 @@ def fc_width(config_dict: dict[str, Any], tensors: dict[str, np.ndarray],
     fc = tensors.get("fc.weight")
     return config_dict.get("target_hidden_size") or (
         fc.shape[1] // n_aux if fc is not None else None)
+
+
+def speculators_block(algorithm: str, draft: Draft, target: TargetConfig,
+                      speculative_tokens: int) -> dict[str, Any]:
+    """The `speculators_config` of a speculators export: the algorithm, greedy proposals of
+    `speculative_tokens`, and the verifier vLLM loads."""
+    return {
+        "algorithm": algorithm,
+        "proposal_methods": [{"proposal_type": "greedy",
+                              "speculative_tokens": speculative_tokens,
+                              "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+        "default_proposal_method": "greedy",
+        "verifier": {"name_or_path": draft.target_name,
+                     "architectures": list(target.architectures)},
+    }
 
 
 # ---- the Llama decoder fields -------------------------------------------------------------

@@ -31,7 +31,7 @@ from typing import Any
 
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.errors import InputError, MismatchError
-from eagle3kit.formats import common, engine
+from eagle3kit.formats import common, dflash, engine
 from eagle3kit.formats.registry import ExportOptions, Serving
 from eagle3kit.io import safetensors as st
 from eagle3kit.io.draft_io import Draft
@@ -75,6 +75,8 @@ def config(draft: Draft, target: TargetConfig, dtype: str) -> dict[str, Any]:
 
 def write(directory: Path, draft: Draft, dtype: str) -> dict[str, Any]:
     """Writes config.json and model.safetensors into `directory`; returns the config."""
+    if draft.config.method == dflash.MODEL_TYPE:  # a block drafter's own config and tensors
+        return dflash.write("sglang", directory, draft, dtype)
     target = common.check_exportable(draft, min_layer_id=1)
     if draft.config.norm_before_residual:
         raise MismatchError("this draft uses norm_before_residual (residual = normed hidden), "
@@ -142,6 +144,8 @@ def canonical_names(tensors: dict[str, Any], where: object) -> dict[str, Any]:
 def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
          target: dict[str, Any]):
     """(DraftConfig, DraftWeights, VocabMap) of a midlayer checkpoint for `target`."""
+    if dflash.is_sglang_dflash(config_dict):
+        return dflash.read("sglang", directory, config_dict, tensors, target)
     where = directory / "config.json"
     if config_dict.get("tie_word_embeddings"):
         raise InputError("tie_word_embeddings: true makes SGLang use the embedding as the "
@@ -171,7 +175,8 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
 
 
 def detect(directory: Path, config_dict: dict[str, Any] | None) -> bool:
-    return config_dict is not None and is_sglang(config_dict)
+    return config_dict is not None and (is_sglang(config_dict)
+                                        or dflash.is_sglang_dflash(config_dict))
 
 
 def guess(directory: Path, config_dict: dict[str, Any] | None) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 from eagle3kit.core import arches
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.errors import InputError, MismatchError
-from eagle3kit.formats import common, engine
+from eagle3kit.formats import common, dflash, engine
 from eagle3kit.formats.registry import ExportOptions, Serving
 from eagle3kit.io import safetensors as st
 from eagle3kit.io.draft_io import Draft
@@ -60,15 +60,9 @@ def config(draft: Draft, target: TargetConfig, dtype: str,
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
         "tie_word_embeddings": False,
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [{"proposal_type": "greedy",
-                                  "speculative_tokens": cfg.block_size or speculative_tokens,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": draft.target_name,
-                         "architectures": list(target.architectures)},
-        },
+        # P-EAGLE proposes its block in one pass: the block is what a step speculates
+        "speculators_config": common.speculators_block("eagle3", draft, target,
+                                                       cfg.block_size or speculative_tokens),
         "torch_dtype": dtype,
         "dtype": dtype,
     }
@@ -81,6 +75,8 @@ def config(draft: Draft, target: TargetConfig, dtype: str,
 
 def write(directory: Path, draft: Draft, dtype: str, speculative_tokens: int) -> dict[str, Any]:
     """Writes config.json and model.safetensors into `directory`; returns the config."""
+    if draft.config.method == dflash.MODEL_TYPE:  # a block drafter's own config and tensors
+        return dflash.write("speculators", directory, draft, dtype)
     target = common.check_exportable(draft, min_layer_id=0)
     fields = config(draft, target, dtype, speculative_tokens)
     table = common.export_keys("speculators", draft.config)
@@ -104,6 +100,8 @@ def read(directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],
     """(DraftConfig, DraftWeights, VocabMap) of a speculators checkpoint for `target`."""
     where = directory / "config.json"
     kind = config_dict.get("speculators_model_type")
+    if kind == dflash.MODEL_TYPE:
+        return dflash.read("speculators", directory, config_dict, tensors, target)
     try:
         method_fields = common.read_method("speculators", config_dict, where)
     except InputError:

@@ -70,6 +70,13 @@ class TrainConfig:
     log_every: int = 10
     aux_layer_ids: tuple[int, ...] | None = None
     arch: str = "eagle3"  # a registered architecture (core/arches.py)
+    # parallel drafters (DFlash): tokens per block, decoder layers, the id filling a block
+    # after its anchor (None: the target vocabulary's last id), blocks per row (0: seq_len //
+    # block_size)
+    block_size: int = 8
+    draft_layers: int = 1
+    mask_token_id: int | None = None
+    anchors: int = 0
     init_from: str | None = None
     resume: bool = False
     time_limit: float | None = None  # seconds; then checkpoint and exit 75 (resumable)
@@ -119,13 +126,22 @@ def _validate(c: TrainConfig) -> None:
     at_least_one = {"--ttt-length": t.steps, "--epochs": c.epochs, "--batch-size": c.batch_size,
                     "--grad-accum": c.grad_accum, "--save-every": c.save_every,
                     "--keep-checkpoints": c.keep_checkpoints, "--eval-every": c.eval_every,
-                    "--log-every": c.log_every,
+                    "--log-every": c.log_every, "--draft-layers": c.draft_layers,
                     "--max-steps": 1 if c.max_steps is None else c.max_steps}
     for name, value in at_least_one.items():
         if value < 1:
             raise UserError(f"{name} {value}: must be at least 1")
     if not 0 < t.decay <= 1:  # above 1 the later steps' weights grow past float32's range
         raise UserError(f"--decay {t.decay:g}: must be in (0, 1]")
+    if c.block_size < 2:
+        raise UserError(f"--block-size {c.block_size}: must be at least 2 (the anchor and one "
+                        "proposed token)")
+    if c.block_size >= c.seq_len:
+        raise UserError(f"--block-size {c.block_size}: must be less than --seq-len "
+                        f"{c.seq_len} (anchors come before a row's last block)")
+    for name, value in (("--anchors", c.anchors), ("--mask-token-id", c.mask_token_id)):
+        if value is not None and value < 0:
+            raise UserError(f"{name} {value}: must not be negative")
     if c.seq_len < 16:
         raise UserError(f"--seq-len {c.seq_len}: must be at least 16")
     if not 0 <= o.warmup_ratio < 1:

@@ -172,6 +172,11 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
             raise UserError(f"cannot tell which tokenizer made the data: {cfg.target} has no "
                             "tokenizer files and the draft records none")
         key = Fingerprint.from_json(draft.fingerprints["tokenizer"]).key
+    if generate and draft.config.method != "eagle3":
+        # the engine drafts with EAGLE-3's step; a block drafter's decoding is not wired yet
+        raise UserError(f"{cfg.draft} is a {draft.config.arch} draft: `eval --prompts` "
+                        "decodes EAGLE-3 drafts only; measure it with `eval --data` "
+                        "(teacher-forced) or serve its export (docs/serving.md)")
     if cfg.steps is None:
         cfg = dataclasses.replace(cfg, steps=trained_steps(draft))
         check_shape(cfg, " (the draft's --ttt-length)")
@@ -201,7 +206,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
                   f"({jax.device_count()} x {_device()}; weights loaded in "
                   f"{time.perf_counter() - t0:.1f}s)")
     base = {"draft": cfg.draft, "draft_digest": draft_digest(draft), "target": tcfg.name,
-            "steps": cfg.steps, "device": _device()}
+            "steps": trainer.ttt.steps, "device": _device()}
     if not generate:
         progress = Progress(console, "teacher-forced batches")
         with progress, common.out_of_memory(

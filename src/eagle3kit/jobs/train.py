@@ -156,7 +156,8 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     ttt_cfg = ttt.TTTConfig(cfg.ttt.steps, cfg.ttt.decay, common.DTYPES[cfg.dtype],
                             resolve_attention(cfg.attention, common.DTYPES[cfg.target_dtype],
                                               common.DTYPES[cfg.dtype]),
-                            loss=cfg.ttt.loss, position_weights=cfg.ttt.position_weights)
+                            loss=cfg.ttt.loss, position_weights=cfg.ttt.position_weights,
+                            anchors=cfg.anchors)
     trainer = Trainer(tcfg, setup.dcfg, ttt_cfg,
                       dataclasses.replace(cfg.optim, total_steps=planned_steps), mesh)
     # per-layer arrays: the scan over stacked layers would copy each layer's weights per step
@@ -164,7 +165,8 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
         load_target(setup.ckpt, mesh, common.DTYPES[cfg.target_dtype]), tcfg, fuse=False)
     vocab_dev = jax.device_put(ttt.VocabArrays.from_map(setup.vocab), trainer.replicated)
     state, step, epoch, position, elapsed_before = _initial_state(cfg, trainer, out,
-                                                                  setup.init, target_w, console)
+                                                                  setup.init, console,
+                                                                  target_w, vocab_dev)
     _stop_if_asked(stop, "before training started; nothing to save")
     t_segment = time.time()  # wall time of earlier (resumed) segments is in elapsed_before
     read = len(docs) + docs.dropped
@@ -296,6 +298,14 @@ def _check_and_load(cfg: TrainConfig) -> _Setup:
     configure = getattr(arches.method_module(dcfg.method), "configure", None)
     if configure and not init:  # a method's own settings (P-EAGLE: its block, its mask token)
         dcfg = configure(dcfg, ckpt.hf_config, cfg.ttt.steps)
+    if not init and dcfg.method == "dflash":
+        dcfg = dataclasses.replace(
+            dcfg, num_layers=cfg.draft_layers, block_size=cfg.block_size,
+            mask_token_id=tcfg.vocab_size - 1 if cfg.mask_token_id is None
+            else cfg.mask_token_id)
+        if dcfg.mask_token_id >= tcfg.vocab_size:
+            raise UserError(f"--mask-token-id {dcfg.mask_token_id} is outside the target's "
+                            f"vocabulary of {tcfg.vocab_size}")
     if init:
         vocab = _check_init_vocab(init, vocab, cfg.init_from)
         if init.config.arch != cfg.arch:
@@ -344,8 +354,8 @@ def _check_init_vocab(init: Draft, vocab, where) -> Any:
     return init.vocab
 
 
-def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | None, target_w,
-                   console):
+def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | None,
+                   console, target_w, vocab_dev):
     """(state, step, epoch, position, elapsed seconds) to start from.
 
     With --resume: the newest checkpoint, or step 0 when the run stopped before its first
@@ -367,10 +377,13 @@ def _initial_state(cfg: TrainConfig, trainer: Trainer, out: Path, init: Draft | 
                       "starting it over from step 1")
         _truncate_metrics(out / "metrics.jsonl", 0)
     params = init.weights if init else None
-    seed = getattr(arches.method_module(trainer.dcfg.method), "seed_weights", None)
-    if params is None and seed:  # a method that starts from some of the target's weights
-        params = seed(trainer.dcfg, target_w, jax.random.key(cfg.seed), trainer.mesh)
-    return trainer.init_state(jax.random.key(cfg.seed), params), 0, 0, 0, 0.0
+    key = jax.random.key(cfg.seed)
+    if params is None and hasattr(trainer.method, "initial_weights"):
+        # a method that starts from some of the target's weights (P-EAGLE its embedding,
+        # DFlash its head)
+        params = trainer.method.initial_weights(trainer.dcfg, key, target_w, vocab_dev,
+                                                trainer.mesh)
+    return trainer.init_state(key, params), 0, 0, 0, 0.0
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
