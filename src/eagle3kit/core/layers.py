@@ -13,7 +13,7 @@ from eagle3kit.core.sharding import constrain
 
 # Finite "minus infinity", the one score every attention here gives what a row cannot see:
 # a fully masked row (padding) gives a uniform softmax, not NaN, and in the blockwise kernels
-# (flash.py, ragged_attention.py) a key block a row cannot see weighs exp2(-huge) = 0.
+# (flash.py, decode/ragged_attention.py) a key block a row cannot see weighs exp2(-huge) = 0.
 MASKED = -1e30
 
 
