@@ -42,6 +42,7 @@ from eagle3kit.core.sharding import ArrayInfo, init_weights, is_info, make_mesh
 from eagle3kit.core.target import TargetWeights
 from eagle3kit.core.trainer import Trainer, put_batch
 from eagle3kit.core.vocab import VocabMap
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.io.hf import load_target, resolve_target
 
 
@@ -146,7 +147,7 @@ def main() -> None:
         trainer = Trainer(tcfg, dcfg, ttt.TTTConfig(args.ttt_length, 0.8, jnp.bfloat16, impl,
                                                     **extra),
                           OptimConfig(total_steps=100), mesh)
-        va = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
+        va = jax.device_put(VocabArrays.from_map(vocab), trainer.replicated)
         state = trainer.init_state(jax.random.key(0))
         arrays = packed_rows(rng, batch * args.grad_accum, args.seq_len, tcfg.vocab_size,
                              args.full_rows)

@@ -31,6 +31,7 @@ from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.core.vocab import VocabMap
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.data.chat import render
 from eagle3kit.data.fingerprint import tokenizer_fingerprint
 from eagle3kit.data.packing import TokenDocs, pack_epoch
@@ -164,7 +165,7 @@ def _train(t: Smollm2, cfg: DraftConfig, vocab: VocabMap, docs: TokenDocs) -> Dr
     packed = pack_epoch(docs, SEQ_LEN, seed=0, epoch=0)
     batch = ttt.Batch(**{k: jnp.asarray(v)
                          for k, v in packed.batch(0, len(packed.rows)).items()})
-    va = ttt.VocabArrays.from_map(vocab)
+    va = VocabArrays.from_map(vocab)
     sig = jax.jit(lambda w, b: ttt.target_signals(w, t.cfg, cfg, va, b))(t.weights, batch)
     tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(3e-3, b1=0.9, b2=0.95))
     w = assets.train_draft(cfg, sig, batch, va, TTT_STEPS, tx, TRAIN_STEPS)

@@ -15,7 +15,7 @@ import pytest
 
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.sharding import init_weights
-from eagle3kit.core.ttt import VocabArrays
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.decode.acceptance import acceptance_summary
 from eagle3kit.decode.engine import Request
 from eagle3kit.decode.speculative import DecodeConfig

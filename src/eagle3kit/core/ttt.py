@@ -41,6 +41,7 @@ from eagle3kit.core.flash import FlashBlocks, flash_attention
 from eagle3kit.core.layers import MASKED, attend, causal_mask
 from eagle3kit.core.metrics import StepCounts, step_counts
 from eagle3kit.core.sharding import constrain
+from eagle3kit.core.vocab_arrays import VocabArrays
 
 
 @jax.tree_util.register_dataclass
@@ -52,19 +53,6 @@ class Batch:
     loss_mask: Any  # B,T int32 (1 on assistant tokens)
     segment_ids: Any  # B,T int32
     positions: Any  # B,T int32, restarting at 0 in each document
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class VocabArrays:
-    """Device copies of the vocab map."""
-
-    draft_to_target: Any  # Vd int32: target id of each draft id (i + d2t[i])
-    t2d: Any  # V bool
-
-    @staticmethod
-    def from_map(vocab) -> VocabArrays:
-        return VocabArrays(jnp.asarray(vocab.used_ids, jnp.int32), jnp.asarray(vocab.t2d))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from eagle3kit.core import draft, target
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.sharding import RULES
-from eagle3kit.core.ttt import VocabArrays
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.decode import draft_cache, row_cache, tree
 from eagle3kit.decode.sampling import pick
 

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from eagle3kit.core import draft, target
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import attend
-from eagle3kit.core.ttt import VocabArrays
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.decode import row_cache
 from eagle3kit.decode.draft_cache import DraftKV
 

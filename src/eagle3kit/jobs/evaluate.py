@@ -29,6 +29,7 @@ from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import batch_ways, make_mesh, parse_mesh_spec
 from eagle3kit.core.trainer import Trainer
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.data.chat import Renderer
 from eagle3kit.data.fingerprint import Fingerprint
 from eagle3kit.data.packing import TokenDocs
@@ -193,7 +194,7 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
         OptimConfig(), mesh)
     params = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), draft.weights),
                             trainer.param_shardings)
-    vocab_dev = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
+    vocab_dev = jax.device_put(VocabArrays.from_map(vocab), trainer.replicated)
     console.print(f"eval: draft {cfg.draft} on {tcfg.name} "
                   f"({jax.device_count()} x {_device()}; weights loaded in "
                   f"{time.perf_counter() - t0:.1f}s)")

@@ -29,6 +29,7 @@ from eagle3kit.core.metrics import summarize
 from eagle3kit.core.sharding import batch_ways, make_mesh, shardings, to_host
 from eagle3kit.core.target import TargetWeights
 from eagle3kit.core.trainer import Trainer, put_batch
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.data.fingerprint import require_same
 from eagle3kit.data.packing import pack_epoch
 from eagle3kit.errors import (
@@ -162,7 +163,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     # per-layer arrays: the scan over stacked layers would copy each layer's weights per step
     target_w = target.unstack_in_place(
         load_target(setup.ckpt, mesh, common.DTYPES[cfg.target_dtype]), tcfg, fuse=False)
-    vocab_dev = jax.device_put(ttt.VocabArrays.from_map(setup.vocab), trainer.replicated)
+    vocab_dev = jax.device_put(VocabArrays.from_map(setup.vocab), trainer.replicated)
     state, step, epoch, position, elapsed_before = _initial_state(cfg, trainer, out,
                                                                   setup.init, console)
     _stop_if_asked(stop, "before training started; nothing to save")
