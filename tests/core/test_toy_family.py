@@ -20,7 +20,7 @@ from eagle3kit.cli.app import app
 from eagle3kit.core import families
 from eagle3kit.data.records import RegeneratedRecord, encode
 from eagle3kit.io.hf import resolve_target
-from tests import assets
+from tests import assets, doc_examples
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "### How to add a target family"
@@ -32,17 +32,12 @@ COMMON = ["--max-new-tokens", "12", "--max-context", "256", "--slots", "4",
 
 
 def doc_section() -> str:
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    return text.split(SECTION, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    return doc_examples.doc_section(SECTION)
 
 
 def doc_toy() -> types.ModuleType:
     """The doc's example module, executed as written."""
-    code = re.search(r"```python\n(.*?)```", doc_section(), re.S)
-    assert code, "the section has no example module"
-    module = types.ModuleType("toy_family_from_docs")
-    exec(compile(code.group(1), "docs/architecture.md", "exec"), module.__dict__)
-    return module
+    return doc_examples.doc_module(SECTION, "toy_family_from_docs")
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.formats import detect_format, registry
 from eagle3kit.formats.registry import ExportOptions
 from eagle3kit.io.draft_io import load_draft, save_draft
+from tests import doc_examples
 from tests.formats.helpers import make_draft
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,17 +33,12 @@ def convert(*args):
 
 
 def doc_section() -> str:
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    return text.split(SECTION, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    return doc_examples.doc_section(SECTION)
 
 
 def doc_toy() -> types.ModuleType:
     """The doc's example module, executed as written."""
-    code = re.search(r"```python\n(.*?)```", doc_section(), re.S)
-    assert code, "the section has no example module"
-    module = types.ModuleType("toy_format_from_docs")
-    exec(compile(code.group(1), "docs/architecture.md", "exec"), module.__dict__)
-    return module
+    return doc_examples.doc_module(SECTION, "toy_format_from_docs")
 
 
 @pytest.fixture
