@@ -65,21 +65,6 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
     return o.reshape(b, t, *q_BxTxNxH.shape[2:])
 
 
-def resolve_attention(impl: str, dtype, draft_dtype=None) -> str:
-    """`auto` on GPUs with a 16-bit target (`dtype`): "pallas" (the target through cuDNN,
-    the TTT attention through the fused kernel of core/flash.py) when the draft computes in
-    16 bits too, else "cudnn"; "xla" elsewhere. Other choices pass through."""
-    if impl != "auto":
-        return impl
-    def half(d) -> bool:
-        return jnp.dtype(d) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-    if not (half(dtype) and jax.default_backend() == "gpu"):
-        return "xla"
-    # the kernel was measured and checked on GPUs in bf16 only (docs/benchmarks.md)
-    return "pallas" if draft_dtype is not None and half(draft_dtype) else "cudnn"
-
-
 def causal_mask(segment_ids_BxT: jax.Array) -> jax.Array:
     """[B, T, T]: key s is visible to query t when s <= t in the same segment.
 

@@ -24,10 +24,10 @@ import numpy as np
 
 from eagle3kit.core import target, ttt
 from eagle3kit.core.config import DraftConfig
-from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.metrics import summarize
 from eagle3kit.core.sharding import batch_ways, make_mesh, shardings, to_host
 from eagle3kit.core.target import TargetWeights
+from eagle3kit.core.train_attention import resolve_attention
 from eagle3kit.core.trainer import Trainer, put_batch
 from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.data.fingerprint import require_same
@@ -155,7 +155,8 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     planned_steps = epoch_batches * cfg.epochs
     total_steps = min(planned_steps, cfg.max_steps or planned_steps)
     ttt_cfg = ttt.TTTConfig(cfg.ttt.steps, cfg.ttt.decay, common.DTYPES[cfg.dtype],
-                            resolve_attention(cfg.attention, common.DTYPES[cfg.target_dtype],
+                            resolve_attention(cfg.attention, jax.default_backend(),
+                                              common.DTYPES[cfg.target_dtype],
                                               common.DTYPES[cfg.dtype]),
                             loss=cfg.ttt.loss, position_weights=cfg.ttt.position_weights)
     trainer = Trainer(tcfg, setup.dcfg, ttt_cfg,
