@@ -82,8 +82,9 @@ def test_toy_family_through_regenerate(toy, llama_and_toy):
     # the toy's `fields` read its epsilon; everything else is the Llama's
     assert ours.rms_norm_eps == theirs.rms_norm_eps != 1e-6
     chats = b"".join(encode(c) for c in assets.sharegpt_chats(2))
-    r_toy, r_llama = regenerate(toy_dir, chats), regenerate(llama, chats)
+    r_toy = regenerate(toy_dir, chats)
     assert r_toy.exit_code == 0, r_toy.output
+    r_llama = regenerate(llama, chats)
     assert r_llama.exit_code == 0, r_llama.output
     assert answers(r_toy.stdout_bytes) == answers(r_llama.stdout_bytes)
     assert len(answers(r_toy.stdout_bytes)) == 2

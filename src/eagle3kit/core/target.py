@@ -36,6 +36,19 @@ from eagle3kit.core.sharding import (
     zeros_init,
 )
 
+# The weights each layer variant adds to the Llama layer, by the `TargetConfig` flag that a
+# family's `fields` sets (core/families): weight -> (its dimensions, as letters of the shape
+# legend, and its initializer: "normal", or "norm" as the config's norms).
+LAYER_VARIANTS = {
+    "attention_bias": {"q_bias": ("LNH", "normal"), "k_bias": ("LKH", "normal"),
+                       "v_bias": ("LKH", "normal")},  # Qwen2, gpt-oss
+    "qk_norm": {"q_norm": ("LH", "norm"), "k_norm": ("LH", "norm")},  # Qwen3(-MoE), Gemma-3
+    # gpt-oss: sinks and an output bias come together
+    "attention_sinks": {"sinks": ("LN", "normal"), "o_bias": ("LD", "normal")},
+    "gemma_norms": {"post_attn_norm": ("LD", "norm"), "post_mlp_norm": ("LD", "norm")},
+}
+_AXES = {"L": "layers", "D": "embed", "N": "heads", "K": "kv_heads", "H": "head_dim"}
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
@@ -48,15 +61,16 @@ class TargetLayers:
     v: Any  # L,D,K,H
     o: Any  # L,N,H,D
     mlp_norm: Any  # L,D
-    q_bias: Any = None  # L,N,H (Qwen2, gpt-oss)
+    # a layer variant's weights (LAYER_VARIANTS), None where the config's flag is off
+    q_bias: Any = None  # L,N,H
     k_bias: Any = None  # L,K,H
     v_bias: Any = None  # L,K,H
-    q_norm: Any = None  # L,H (Qwen3, Qwen3-MoE, Gemma-3)
+    q_norm: Any = None  # L,H
     k_norm: Any = None  # L,H
-    o_bias: Any = None  # L,D (gpt-oss)
-    sinks: Any = None  # L,N (gpt-oss)
-    post_attn_norm: Any = None  # L,D (Gemma-3: norms the attention output)
-    post_mlp_norm: Any = None  # L,D (Gemma-3: norms the MLP output)
+    o_bias: Any = None  # L,D
+    sinks: Any = None  # L,N
+    post_attn_norm: Any = None  # L,D: norms the attention output
+    post_mlp_norm: Any = None  # L,D: norms the MLP output
     # a `LayerList`'s layers hold q, k and v as one matrix instead (`fuse_layer`)
     qkv: Any = None  # D,K,G+2,H: kv head k's G query heads, then its key and its value
     qkv_bias: Any = None  # K,G+2,H
@@ -102,19 +116,11 @@ class TargetWeights:
             o=info((L, N, H, D), ("layers", "heads", "head_dim", "embed"), fan_in_init(3)),
             mlp_norm=info((L, D), ("layers", "embed"), norm),
         )
-        if cfg.attention_bias:
-            layers.q_bias = info((L, N, H), ("layers", "heads", "head_dim"), normal_init())
-            layers.k_bias = info((L, K, H), ("layers", "kv_heads", "head_dim"), normal_init())
-            layers.v_bias = info((L, K, H), ("layers", "kv_heads", "head_dim"), normal_init())
-        if cfg.qk_norm:
-            layers.q_norm = info((L, H), ("layers", "head_dim"), norm)
-            layers.k_norm = info((L, H), ("layers", "head_dim"), norm)
-        if cfg.attention_sinks:  # gpt-oss: sinks and an output bias come together
-            layers.sinks = info((L, N), ("layers", "heads"), normal_init())
-            layers.o_bias = info((L, D), ("layers", "embed"), normal_init())
-        if cfg.gemma_norms:
-            layers.post_attn_norm = info((L, D), ("layers", "embed"), norm)
-            layers.post_mlp_norm = info((L, D), ("layers", "embed"), norm)
+        sizes = {"L": L, "D": D, "N": N, "K": K, "H": H}
+        for flag, weights in LAYER_VARIANTS.items():
+            for name, (dims, init) in weights.items() if getattr(cfg, flag) else ():
+                setattr(layers, name, info([sizes[c] for c in dims], [_AXES[c] for c in dims],
+                                           norm if init == "norm" else normal_init()))
         sparse = cfg.moe.sparse_layers if cfg.moe else (False,) * L
         n_dense, mlp, experts = L - sum(sparse), None, None
         if n_dense:
@@ -249,22 +255,7 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
     # named scopes split a profile of the layer (benchmarks/profile_summary.py)
     with jax.named_scope("attention"):
         with jax.named_scope("qkv"):
-            h = norm(x_BxTxD, lw.attn_norm, eps)
-            if lw.qkv is not None:
-                d, kv, c, hd = lw.qkv.shape
-                qkv = (jnp.einsum("btd,dkch->btkch", h, lw.qkv) if matmul is None else
-                       matmul(h, lw.qkv.reshape(d, -1)).reshape(*h.shape[:2], kv, c, hd))
-                if lw.qkv_bias is not None:
-                    qkv = qkv + lw.qkv_bias
-                g = cfg.num_heads // cfg.num_kv_heads
-                q = qkv[:, :, :, :g].reshape(*qkv.shape[:2], cfg.num_heads, cfg.head_dim)
-                k, v = qkv[:, :, :, g], qkv[:, :, :, g + 1]
-            else:
-                q = jnp.einsum("btd,dnh->btnh", h, lw.q)
-                k = jnp.einsum("btd,dkh->btkh", h, lw.k)
-                v = jnp.einsum("btd,dkh->btkh", h, lw.v)
-                if lw.q_bias is not None:
-                    q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
+            q, k, v = _qkv(norm(x_BxTxD, lw.attn_norm, eps), lw, cfg, matmul)
             if lw.q_norm is not None:
                 q, k = norm(q, lw.q_norm, eps), norm(k, lw.k_norm, eps)
             r = tables.rope_index_L[layer]
@@ -281,21 +272,47 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
                                        tables.window_L[layer])
                 a = attend_layer(cfg, q, k_all, v_all, mask, lw.sinks, attn_impl)
         with jax.named_scope("o_proj"):
-            if matmul is None:
-                o = jnp.einsum("btnh,nhd->btd", a, lw.o)
-            else:
-                o = matmul(a.reshape(*a.shape[:2], -1), lw.o.reshape(-1, lw.o.shape[-1]))
-            if lw.o_bias is not None:
-                o = o + lw.o_bias
-            if lw.post_attn_norm is not None:
-                o = norm(o, lw.post_attn_norm, eps)
-            x_BxTxD = x_BxTxD + o
+            x_BxTxD = x_BxTxD + _o_proj(a, lw, matmul, norm, eps)
     with jax.named_scope("mlp"):
         h = mlp_fn(norm(x_BxTxD, lw.mlp_norm, eps), layer, mw, matmul)
         if lw.post_mlp_norm is not None:
             h = norm(h, lw.post_mlp_norm, eps)
         x_BxTxD = x_BxTxD + h
     return constrain(x_BxTxD, ("batch", "seq", "act_embed")), extra
+
+
+def _qkv(h_BxTxD, lw: TargetLayers, cfg: TargetConfig, matmul):
+    """q [B,T,N,H], k and v [B,T,K,H] of the normed input: one matmul over a `LayerList`'s
+    fused q|k|v (through `matmul` when a `LayerAttention` gives one), else three."""
+    if lw.qkv is None:
+        q = jnp.einsum("btd,dnh->btnh", h_BxTxD, lw.q)
+        k = jnp.einsum("btd,dkh->btkh", h_BxTxD, lw.k)
+        v = jnp.einsum("btd,dkh->btkh", h_BxTxD, lw.v)
+        if lw.q_bias is not None:
+            q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
+        return q, k, v
+    d, kv, c, hd = lw.qkv.shape
+    qkv = (jnp.einsum("btd,dkch->btkch", h_BxTxD, lw.qkv) if matmul is None else
+           matmul(h_BxTxD, lw.qkv.reshape(d, -1)).reshape(*h_BxTxD.shape[:2], kv, c, hd))
+    if lw.qkv_bias is not None:
+        qkv = qkv + lw.qkv_bias
+    g = cfg.num_heads // cfg.num_kv_heads
+    q = qkv[:, :, :, :g].reshape(*qkv.shape[:2], cfg.num_heads, cfg.head_dim)
+    return q, qkv[:, :, :, g], qkv[:, :, :, g + 1]
+
+
+def _o_proj(a_BxTxNxH, lw: TargetLayers, matmul, norm, eps: float) -> jax.Array:
+    """[B,T,D]: the attention's output projected (its bias added, normed when the layer
+    norms it: Gemma-3), before the residual."""
+    if matmul is None:
+        o = jnp.einsum("btnh,nhd->btd", a_BxTxNxH, lw.o)
+    else:
+        o = matmul(a_BxTxNxH.reshape(*a_BxTxNxH.shape[:2], -1), lw.o.reshape(-1, lw.o.shape[-1]))
+    if lw.o_bias is not None:
+        o = o + lw.o_bias
+    if lw.post_attn_norm is not None:
+        o = norm(o, lw.post_attn_norm, eps)
+    return o
 
 
 def attend_layer(cfg: TargetConfig, q, k_all, v_all, mask, sinks, attn_impl: str = "xla"):
