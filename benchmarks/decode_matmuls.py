@@ -4,7 +4,7 @@ A decode step of M rows multiplies [M, D] activations by every layer's weights; 
 time is the weights' reads. This times each part over all layers of a shape (random bf16
 weights, a different matrix per layer so nothing stays in the L2), as the engine writes it
 (q, k and v apart; gate and up apart) and fused (q|k|v one matrix, gate|up one matrix), at
-several M, with XLA's matmul or (--impl pallas) core/skinny_matmul's kernel over
+several M, with XLA's matmul or (--impl pallas) decode/skinny_matmul's kernel over
 CONFIGS' tilings. M = rows + a prompt chunk's tokens tells what a decode step costs when a chunk of
 prefill rides along in it (chunked prefill): at the bound, the time does not grow with M.
 
@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eagle3kit.core import skinny_matmul
 from eagle3kit.core.config import TargetConfig
+from eagle3kit.decode import skinny_matmul
 
 CONFIGS = [skinny_matmul.SkinnyBlocks(block_n=n, block_k=k, num_warps=w, num_stages=st)
            for n in (64, 128, 256) for k in (64, 128, 256) for w, st in ((4, 4), (4, 6), (8, 4))]
@@ -57,7 +57,7 @@ def main() -> None:
     ap.add_argument("--rows", default="32,64,128,256,384")
     ap.add_argument("--layers", type=int, default=0, help="0: the config's")
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--impl", default="xla", help="xla, pallas (core/skinny_matmul's tiles "
+    ap.add_argument("--impl", default="xla", help="xla, pallas (decode/skinny_matmul's tiles "
                     "in CONFIGS) or both")
     ap.add_argument("--skip", default="", help="parts not timed, e.g. qkv,gate_up")
     ap.add_argument("--json", default="")

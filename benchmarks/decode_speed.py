@@ -52,8 +52,8 @@ from eagle3kit.core import target
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.sharding import init_weights
-from eagle3kit.core.ttt import VocabArrays
 from eagle3kit.core.vocab import VocabMap
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.data.fingerprint import tokenizer_fingerprint
 from eagle3kit.data.prompts import load_prompts
 from eagle3kit.data.tokenizer import load_tokenizer

@@ -214,7 +214,7 @@ decode)
     | tee "$OUTDIR/decode_speed${TAG:-}.txt"
   ;;
 engine)  # issue 22: the one engine's speeds; files engine_*${TAG}.* in $OUT. ATTN=pallas:
-  # the plain rows read the KV cache through core/ragged_attention's kernel (EngineConfig).
+  # the plain rows read the KV cache through decode/ragged_attention's kernel (EngineConfig).
   # PARTS picks among 8b (random 8B shape), smollm2 (real ShareGPT first turns) and spec
   # (batched speculative decoding with DRAFT, by default the main job's)
   part() { case ",${PARTS:-8b,smollm2,spec}," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }

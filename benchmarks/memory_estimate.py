@@ -30,6 +30,7 @@ from eagle3kit.core.sharding import make_mesh, shape_dtypes, use_mesh
 from eagle3kit.core.target import LayerList, TargetWeights, layer_list
 from eagle3kit.core.trainer import Trainer
 from eagle3kit.core.vocab import VocabMap
+from eagle3kit.core.vocab_arrays import VocabArrays
 
 GiB = 2**30
 
@@ -80,7 +81,7 @@ def estimate(config_path: str, batch: int, seq_len: int, steps: int, draft_vocab
     }
     if compile_step:
         target_w = per_layer(target_w, tcfg)  # the layout `eagle3kit train` steps with
-        vocab = ttt.VocabArrays.from_map(VocabMap.from_ids(np.arange(draft_vocab),
+        vocab = VocabArrays.from_map(VocabMap.from_ids(np.arange(draft_vocab),
                                                             tcfg.vocab_size))
         vocab = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), vocab)
         state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),

@@ -1,4 +1,4 @@
-"""Decode/verify attention alone on a GPU: core/ragged_attention's kernel (each row's keys
+"""Decode/verify attention alone on a GPU: decode/ragged_attention's kernel (each row's keys
 read in place up to its own length) against the XLA path (the cache's first `window` slots
 copied out, the mask built), its rows gathered (a subset of rows in any order: the engine's
 prefill pieces) or sliced (every row in order: the engine's decode and verify steps; timed
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eagle3kit.core.ragged_attention import RaggedBlocks, attend_rows
+from eagle3kit.decode.ragged_attention import RaggedBlocks, attend_rows
 
 SHAPES = {  # name: (rows B = C, new tokens T, N, K, H, slots S, window, sinks)
     "llama8b-2048": (128, 1, 32, 8, 128, 2048, 0, False),

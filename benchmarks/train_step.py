@@ -36,13 +36,22 @@ from eagle3kit.core import flops as model_flops
 from eagle3kit.core import ttt
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.flash import FlashBlocks
-from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import ArrayInfo, init_weights, is_info, make_mesh
 from eagle3kit.core.target import TargetWeights
 from eagle3kit.core.trainer import Trainer, put_batch
 from eagle3kit.core.vocab import VocabMap
 from eagle3kit.io.hf import load_target, resolve_target
+
+try:  # where they live now; an older src tree (gpu_session.sh speed's BEFORE) has them elsewhere
+    from eagle3kit.core.train_attention import resolve_attention
+    from eagle3kit.core.vocab_arrays import VocabArrays
+except ImportError:
+    from eagle3kit.core.layers import resolve_attention as _resolve_before
+    from eagle3kit.core.ttt import VocabArrays
+
+    def resolve_attention(impl, backend, dtype, draft_dtype=None):
+        return _resolve_before(impl, dtype, draft_dtype)
 
 
 def packed_rows(rng, rows: int, seq_len: int, vocab: int, full: bool = False
@@ -134,7 +143,7 @@ def main() -> None:
     for batch, attn, loss in itertools.product([int(b) for b in args.batch_size.split(",")],
                                                args.attention.split(","),
                                                args.loss.split(",")):
-        impl = resolve_attention(attn, jnp.bfloat16, jnp.bfloat16)
+        impl = resolve_attention(attn, jax.default_backend(), jnp.bfloat16, jnp.bfloat16)
         extra = {} if args.attention_block is None else {"attention_block": args.attention_block}
         if args.flash_blocks:
             extra["flash_blocks"] = FlashBlocks(*map(int, args.flash_blocks.split(",")))
@@ -146,7 +155,7 @@ def main() -> None:
         trainer = Trainer(tcfg, dcfg, ttt.TTTConfig(args.ttt_length, 0.8, jnp.bfloat16, impl,
                                                     **extra),
                           OptimConfig(total_steps=100), mesh)
-        va = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
+        va = jax.device_put(VocabArrays.from_map(vocab), trainer.replicated)
         state = trainer.init_state(jax.random.key(0))
         arrays = packed_rows(rng, batch * args.grad_accum, args.seq_len, tcfg.vocab_size,
                              args.full_rows)

@@ -431,11 +431,11 @@ def tiny_target_and_draft(directory: Path, draft_vocab_size: int = 64, seed: int
     import jax.numpy as jnp
     import numpy as np
 
-    from eagle3kit.core import ttt
     from eagle3kit.core.config import DraftConfig
     from eagle3kit.core.draft import DraftWeights
     from eagle3kit.core.sharding import init_weights, make_mesh
     from eagle3kit.core.vocab import VocabMap
+    from eagle3kit.core.vocab_arrays import VocabArrays
     from eagle3kit.io.hf import load_target, resolve_target
 
     tiny_hf_model("llama", directory)
@@ -449,7 +449,7 @@ def tiny_target_and_draft(directory: Path, draft_vocab_size: int = 64, seed: int
         setattr(w, name, jnp.asarray(1 + 0.2 * rng.standard_normal(dcfg.hidden_size),
                                      jnp.float32))
     ids = np.r_[np.arange(1, 96, 2), np.arange(0, 96, 2)[: draft_vocab_size - 48]]
-    vocab = ttt.VocabArrays.from_map(VocabMap.from_ids(ids, ckpt.config.vocab_size))
+    vocab = VocabArrays.from_map(VocabMap.from_ids(ids, ckpt.config.vocab_size))
     return ckpt.config, tw, dcfg, w, vocab, mesh
 
 

@@ -111,7 +111,7 @@ LONGEST_FIRST = ("cli/test_regenerate.py", "core/test_gemma3_real.py", "decode/t
                  "cli/test_train_kill.py", "decode/test_engine_speculative.py",
                  "cli/test_train_equivalences.py", "data/test_tokenizer.py",
                  "cli/test_families_pipeline.py", "core/test_multihost.py",
-                 "decode/test_smollm2.py", "cli/test_errors.py", "core/test_ragged_attention.py",
+                 "decode/test_smollm2.py", "cli/test_errors.py", "decode/test_ragged_attention.py",
                  "decode/test_speculative.py", "core/test_ttt.py", "decode/test_tree.py",
                  "cli/test_eval_sweep.py", "cli/test_eval_tracking.py", "decode/test_sampling.py",
                  "jobs/test_evaluate.py", "decode/test_draft_cache.py", "cli/test_tokenize.py",

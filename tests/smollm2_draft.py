@@ -2,7 +2,7 @@
 
 Data: the target's own greedy answers to the first MT-bench questions (self-distillation, the
 way SpecForge regenerates data) and a real ShareGPT conversation, rendered with the real chat
-template. The answers come from a plain host loop over `core.target.forward_rows` on one
+template. The answers come from a plain host loop over `core.row_cache.forward_rows` on one
 cache row, one token per call: an implementation of greedy decoding independent of
 `eagle3kit.decode`, and the reference the decoding engine is checked against.
 
@@ -31,11 +31,13 @@ from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.sharding import make_mesh
 from eagle3kit.core.vocab import VocabMap
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.data.chat import render
 from eagle3kit.data.fingerprint import tokenizer_fingerprint
 from eagle3kit.data.packing import TokenDocs, pack_epoch
 from eagle3kit.data.prompts import load_prompts, prompt_ids
 from eagle3kit.data.records import TokenRecord
+from eagle3kit.decode import row_cache
 from eagle3kit.decode.conversations import Dialogue
 from eagle3kit.io.draft_io import Draft, load_draft, save_draft
 from eagle3kit.io.hf import TargetCheckpoint, load_target, resolve_target
@@ -77,7 +79,7 @@ def smollm2() -> Smollm2:
 def greedy_reference(t: Smollm2, prompts: list[list[int]], max_new: int) -> list[list[int]]:
     """Plain greedy decoding, every prompt in a cache row of its own at its own positions, one
     host round trip per token (each answer until <|im_end|> or max_new)."""
-    cache = target_model.RowCache.zeros(t.cfg, len(prompts), 256, jnp.float32)
+    cache = row_cache.RowCache.zeros(t.cfg, len(prompts), 256, jnp.float32)
     step = _step_fn(t.cfg)
     padded = np.zeros((len(prompts), 128), np.int32)
     for row, prompt in zip(padded, prompts, strict=True):
@@ -102,7 +104,7 @@ def greedy_reference(t: Smollm2, prompts: list[list[int]], max_new: int) -> list
 def _step_fn(cfg: TargetConfig):
     def step(w, tokens, start_B, cache, prefill):  # row b's tokens from position start_B[b]
         positions = start_B + jnp.arange(tokens.shape[1])[None]
-        out, cache = target_model.forward_rows(w, cfg, tokens, positions, cache,
+        out, cache = row_cache.forward_rows(w, cfg, tokens, positions, cache,
                                                prefill=prefill)
         return target_model.logits(w, out.hidden_BxTxD), cache
     return jax.jit(step, static_argnums=4)
@@ -163,7 +165,7 @@ def _train(t: Smollm2, cfg: DraftConfig, vocab: VocabMap, docs: TokenDocs) -> Dr
     packed = pack_epoch(docs, SEQ_LEN, seed=0, epoch=0)
     batch = ttt.Batch(**{k: jnp.asarray(v)
                          for k, v in packed.batch(0, len(packed.rows)).items()})
-    va = ttt.VocabArrays.from_map(vocab)
+    va = VocabArrays.from_map(vocab)
     sig = jax.jit(lambda w, b: ttt.target_signals(w, t.cfg, cfg, va, b))(t.weights, batch)
     tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(3e-3, b1=0.9, b2=0.95))
     w = assets.train_draft(cfg, sig, batch, va, TTT_STEPS, tx, TRAIN_STEPS)

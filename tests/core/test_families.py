@@ -20,6 +20,7 @@ import pytest
 
 from eagle3kit.core import target
 from eagle3kit.core.sharding import make_mesh, use_mesh
+from eagle3kit.decode import row_cache
 from eagle3kit.errors import InputError, UserError
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
@@ -133,11 +134,11 @@ def test_cached_decoding_keeps_windows_and_sinks(tmp_path):
     @functools.partial(jax.jit, static_argnums=3)
     def cached(tokens, start, cache, prefill):
         positions = start + jnp.arange(tokens.shape[1])[None]
-        out, cache = target.forward_rows(layers, cfg, tokens, positions, cache,
+        out, cache = row_cache.forward_rows(layers, cfg, tokens, positions, cache,
                                          prefill=prefill, window=32)
         return out.hidden_BxTxD, cache
 
-    cache = target.RowCache.zeros(cfg, 1, 32, jnp.float32)
+    cache = row_cache.RowCache.zeros(cfg, 1, 32, jnp.float32)
     hidden1, cache = cached(tokens[:, :12], jnp.int32(0), cache, True)
     hidden2, cache = cached(tokens[:, 12:], jnp.int32(12), cache, False)
     assert_close(np.concatenate([hidden1, hidden2], axis=1), full, "cached hidden")
@@ -191,11 +192,11 @@ def test_batched_generation_rows_match_the_full_forward(family, tmp_path):
 
     @functools.partial(jax.jit, static_argnames="prefill")
     def rows(w, tok, pos, cache, prefill=False):
-        out, cache = target.forward_rows(w, cfg, tok, pos, cache, prefill=prefill,
+        out, cache = row_cache.forward_rows(w, cfg, tok, pos, cache, prefill=prefill,
                                          window=None if prefill else 24)
         return out.hidden_BxTxD, cache
 
-    cache = target.RowCache.zeros(cfg, 2, 32, jnp.float32)
+    cache = row_cache.RowCache.zeros(cfg, 2, 32, jnp.float32)
     w = target.unstack(w, cfg)
     h, cache = rows(w, tokens[:, :12], jnp.broadcast_to(jnp.arange(12), (2, 12)), cache, True)
     hidden = [h]
@@ -251,11 +252,11 @@ def test_a_verified_tree_matches_the_full_forward_along_each_path(tmp_path, rows
     depth = [len(p) - 1 for p in paths]
     ancestors = np.asarray([[u in p for u in range(len(parent))] for p in paths])
     layers = target.unstack(w, cfg)
-    cache = target.RowCache.zeros(cfg, 1, 32, jnp.float32)
+    cache = row_cache.RowCache.zeros(cfg, 1, 32, jnp.float32)
 
     @functools.partial(jax.jit, static_argnums=5)
     def rows(tokens, positions, cache, prefix, block, prefill):
-        out, cache = target.forward_rows(layers, cfg, tokens, positions, cache, prefix_B=prefix,
+        out, cache = row_cache.forward_rows(layers, cfg, tokens, positions, cache, prefix_B=prefix,
                                          block_mask_BxTxT=block, prefill=prefill, window=32,
                                          rows_impl=rows_impl)
         return out.hidden_BxTxD, cache

@@ -19,6 +19,7 @@ import torch
 
 from eagle3kit.core import target
 from eagle3kit.core.sharding import make_mesh
+from eagle3kit.decode import row_cache
 from eagle3kit.errors import InputError, UserError
 from eagle3kit.io import safetensors as st
 from eagle3kit.io.hf import load_target, resolve_target
@@ -120,9 +121,9 @@ def test_cached_decoding_matches_full_forward(tmp_path):
     layers = target.unstack(w, cfg)
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (1, 20)))
     full = jax.jit(lambda t: target.forward(w, cfg, t))(tokens)
-    cache = target.RowCache.zeros(cfg, 1, 32, jnp.float32)
+    cache = row_cache.RowCache.zeros(cfg, 1, 32, jnp.float32)
     pos = jnp.arange(20)[None]
-    step = jax.jit(lambda t, p, c, prefill: target.forward_rows(
+    step = jax.jit(lambda t, p, c, prefill: row_cache.forward_rows(
         layers, cfg, t, p, c, prefill=prefill, window=32,
         aux_layer_ids=cfg.default_aux_layer_ids()), static_argnums=3)
     out1, cache = step(tokens[:, :12], pos[:, :12], cache, True)
@@ -150,10 +151,10 @@ def test_padding_of_ragged_rows_writes_nowhere(tmp_path):
     rng = np.random.default_rng(3)
     seqs = [rng.integers(1, cfg.vocab_size, n) for n in (20, 14)]  # cache rows 0 and 2
     s, t, c = 20, 8, 3  # slots per row, piece length, cache rows
-    step = jax.jit(lambda tok, pos, rows, cache, prefill: target.forward_rows(
+    step = jax.jit(lambda tok, pos, rows, cache, prefill: row_cache.forward_rows(
         layers, cfg, tok, pos, cache, rows_B=rows, prefill=prefill,
         window=0 if prefill else s), static_argnums=4)
-    cache = target.RowCache.zeros(cfg, c, s, jnp.float32)
+    cache = row_cache.RowCache.zeros(cfg, c, s, jnp.float32)
     first = np.zeros((2, 16), np.int32)
     first[0], first[1, :10] = seqs[0][:16], seqs[1][:10]  # row 2: a 10-token piece, padded
     out1, cache = step(jnp.asarray(first), jnp.arange(16)[None].repeat(2, 0),
@@ -185,14 +186,14 @@ def test_steps_of_every_row_slice_the_cache_window_not_gather_it(tmp_path):
     layers = target.unstack(load_target(ckpt, make_mesh("data=1", jax.devices()[:1]),
                                         jnp.float32), cfg)
     c, s = 4, 64
-    cache = target.RowCache.zeros(cfg, c, s, jnp.float32)
+    cache = row_cache.RowCache.zeros(cfg, c, s, jnp.float32)
     # a gather from the cache or from a window of it: [C, any slots, K, H]
     reads_cache = re.compile(rf"gather.*\(tensor<{c}x\d+x{cfg.num_kv_heads}x{cfg.head_dim}xf32>")
 
     def cache_gathers(t: int, rows) -> int:
         tokens = jnp.zeros((len(rows) if rows is not None else c, t), jnp.int32)
         positions = 5 + tokens + jnp.arange(t)
-        text = jax.jit(lambda tok, pos, cache: target.forward_rows(
+        text = jax.jit(lambda tok, pos, cache: row_cache.forward_rows(
             layers, cfg, tok, pos, cache, rows_B=rows, window=32)).lower(
             tokens, positions, cache).as_text()
         return len(reads_cache.findall(text))
@@ -218,13 +219,13 @@ def test_rows_over_data_devices_step_without_talking_to_each_other(tmp_path):
     layers = target.unstack(load_target(ckpt, mesh, jnp.float32), cfg)
     rows = NamedSharding(mesh, PartitionSpec("data"))
     c, s = 8, 64
-    cache = jax.device_put(target.RowCache.zeros(cfg, c, s, jnp.float32), rows)
+    cache = jax.device_put(row_cache.RowCache.zeros(cfg, c, s, jnp.float32), rows)
     collective = re.compile(r"all-gather|all-reduce|all-to-all|collective-permute")
     for t in (1, 4):  # decode, verify
         tokens = jax.device_put(jnp.zeros((c, t), jnp.int32), rows)
         positions = jax.device_put(5 + jnp.zeros((c, t), jnp.int32) + jnp.arange(t), rows)
         with use_mesh(mesh):
-            text = jax.jit(lambda tok, pos, cache: target.forward_rows(
+            text = jax.jit(lambda tok, pos, cache: row_cache.forward_rows(
                 layers, cfg, tok, pos, cache, window=32)).lower(
                 tokens, positions, cache).compile().as_text()
         assert not collective.findall(text), f"T={t}: {sorted(set(collective.findall(text)))}"

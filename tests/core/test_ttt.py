@@ -23,6 +23,7 @@ from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.core.layers import attend, causal_mask
 from eagle3kit.core.sharding import init_weights, make_mesh
 from eagle3kit.core.vocab import VocabMap
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
 from tests.core import test_losses
@@ -195,7 +196,7 @@ def test_target_signals_match_torch(setup, tiny):
     the whole vocab restricted to the draft ids (not renormalised) would be off by."""
     tcfg, tw, dcfg, _, vocab = setup
     batch = packed_batch(np.random.default_rng(1))
-    sig = signals(tw, tcfg, dcfg, ttt.VocabArrays.from_map(vocab), batch)
+    sig = signals(tw, tcfg, dcfg, VocabArrays.from_map(vocab), batch)
     ref = torch_signals(tiny[1], batch, vocab, dcfg.aux_layer_ids)
     real = np.asarray(batch.segment_ids) > 0
     # argmax and in_draft compared exactly: no near-tie among the real columns
@@ -228,7 +229,7 @@ def fit_head(w, dcfg, sig, batch, vocab):
 def test_rollout_matches_plain_reference(setup, tiny):
     tcfg, tw, dcfg, w, vocab = setup
     batch = packed_batch(np.random.default_rng(1))
-    va = ttt.VocabArrays.from_map(vocab)
+    va = VocabArrays.from_map(vocab)
     cfg = ttt.TTTConfig(steps=K, compute_dtype=jnp.float32)
     sig = signals(tw, tcfg, dcfg, va, batch)
     ref = torch_signals(tiny[1], batch, vocab, dcfg.aux_layer_ids)
@@ -253,7 +254,7 @@ def test_rollout_with_tv_and_verify_weights_matches_plain_reference(setup, tiny)
     CE still the soft cross-entropy (comparable between runs of different losses)."""
     tcfg, tw, dcfg, w, vocab = setup
     batch = packed_batch(np.random.default_rng(1))
-    va = ttt.VocabArrays.from_map(vocab)
+    va = VocabArrays.from_map(vocab)
     cfg = ttt.TTTConfig(steps=K, compute_dtype=jnp.float32, loss="tv",
                         position_weights="verify")
     sig = signals(tw, tcfg, dcfg, va, batch)
@@ -285,7 +286,7 @@ def test_causality(setup):
     """The loss over columns whose windows end before position c ignores every token after
     c, and its gradient w.r.t. the captured states after c is exactly zero."""
     tcfg, tw, dcfg, w, vocab = setup
-    va = ttt.VocabArrays.from_map(vocab)
+    va = VocabArrays.from_map(vocab)
     cfg = ttt.TTTConfig(steps=K, compute_dtype=jnp.float32)
     batch = packed_batch(np.random.default_rng(2))
     c = 13
@@ -319,7 +320,7 @@ def test_causality(setup):
 
 def test_fully_masked_batch_gives_zero_loss(setup):
     tcfg, tw, dcfg, w, vocab = setup
-    va = ttt.VocabArrays.from_map(vocab)
+    va = VocabArrays.from_map(vocab)
     batch = packed_batch(np.random.default_rng(3))
     empty = ttt.Batch(batch.tokens, jnp.zeros_like(batch.loss_mask), batch.segment_ids,
                       batch.positions)
@@ -403,7 +404,7 @@ def test_pallas_attention_choice_gives_the_xla_loss_and_gradient(setup):
     order alone separates them (observed ~1e-6 relative); 2e-5 is far below what a dropped
     lse cotangent makes (test_flash.py holds the kernel itself)."""
     tcfg, tw, dcfg, w, vocab = setup
-    va = ttt.VocabArrays.from_map(vocab)
+    va = VocabArrays.from_map(vocab)
     batch = packed_batch(np.random.default_rng(1))
     sig = signals(tw, tcfg, dcfg, va, batch)
     den = ttt.valid_counts(batch, 2)

@@ -26,6 +26,7 @@ from eagle3kit.core import draft, target, ttt
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.vocab import VocabMap
+from eagle3kit.core.vocab_arrays import VocabArrays
 from tests import assets
 
 K = 3  # draft tokens per verify step
@@ -42,7 +43,7 @@ class Accepting:
     target_w: Any
     dcfg: DraftConfig
     draft_w: DraftWeights
-    vocab: ttt.VocabArrays
+    vocab: VocabArrays
     mesh: Any
     prompts: list[list[int]]
     greedy: list[list[int]]  # NEW + K + 1 greedy tokens after each prompt
@@ -82,7 +83,7 @@ def build(tcfg, tw, mesh) -> Accepting:
     counts = np.zeros(tcfg.vocab_size, np.int64)
     for a in answers:
         np.add.at(counts, a, 1)
-    vocab = ttt.VocabArrays.from_map(VocabMap.from_counts(counts, 64)[0])
+    vocab = VocabArrays.from_map(VocabMap.from_counts(counts, 64)[0])
     dcfg = DraftConfig.for_target(tcfg, draft_vocab_size=64)  # as `tiny`: shared programs
     # the prompt's last token predicts the first answer token: train from there
     batch = _batch([p + a for p, a in zip(prompts, answers, strict=True)],

@@ -205,7 +205,7 @@ def test_rows_crossing_a_window_boundary_mid_program_read_every_key(llama, chaot
 
 def test_the_ragged_kernel_reads_every_key_in_place(llama, chaotic):
     """EngineConfig(attention="pallas"): prefill pieces after the first and every decode step
-    read the cache through core/ragged_attention's kernel (interpret mode here), each row to
+    read the cache through decode/ragged_attention's kernel (interpret mode here), each row to
     its own length; on the context-sensitive tiny Llama the answers stay transformers'
     greedy tokens, rows of different lengths side by side."""
     _, _, ckpt, _, mesh, _ = llama

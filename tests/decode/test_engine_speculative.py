@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from eagle3kit.core import target
 from eagle3kit.core.sharding import make_mesh
+from eagle3kit.decode import row_cache
 from eagle3kit.decode.acceptance import acceptance_summary
 from eagle3kit.decode.engine import Request
 from eagle3kit.decode.speculative import DecodeConfig
@@ -114,8 +114,8 @@ def test_batched_greedy_tree_is_plain_greedy_and_caches_hold_the_committed_keys(
     n = np.asarray(engine.state.position)
     for row, i in enumerate((0, 2)):
         seq = jnp.asarray([acc.prompts[i] + acc.greedy[i]])  # the committed ones and more
-        cache = target.RowCache.zeros(acc.tcfg, 1, SLOTS, jnp.float32)
-        cache = jax.jit(lambda w, s, c: target.forward_rows(
+        cache = row_cache.RowCache.zeros(acc.tcfg, 1, SLOTS, jnp.float32)
+        cache = jax.jit(lambda w, s, c: row_cache.forward_rows(
             w, acc.tcfg, s, jnp.arange(s.shape[1])[None], c, prefill=True)[1])(
             engine.w, seq, cache)
         for got, want in zip(engine.cache.k, cache.k, strict=True):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eagle3kit.core import target
-from eagle3kit.decode import mixed
+from eagle3kit.decode import mixed, row_cache
 from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling, logits
 from tests.decode.hf_reference import greedy_divergence
 
@@ -84,9 +84,9 @@ def test_a_mixed_step_equals_a_prefill_and_a_decode_step(tiny, chaotic):
                                               static_argnames=("window", "rows_impl"))(
         w, tcfg, idle, jnp.asarray(tokens), rows, starts, cache, window=64, rows_impl="xla")
 
-    o, decode_cache = target.forward_rows(w, tcfg, idle.token[:, None],
+    o, decode_cache = row_cache.forward_rows(w, tcfg, idle.token[:, None],
                                           idle.position[:, None], cache, window=64)
-    p, apart = target.forward_rows(w, tcfg, jnp.asarray([prompt]),
+    p, apart = row_cache.forward_rows(w, tcfg, jnp.asarray([prompt]),
                                    jnp.arange(len(prompt))[None], decode_cache,
                                    rows_B=jnp.asarray([2]), prefill=True)
     both = (logits(w, hidden_a[:2]), logits(w, hidden_b.reshape(g * t, -1)[:len(prompt)]))

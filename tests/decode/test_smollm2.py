@@ -1,6 +1,6 @@
 """Greedy speculative decoding of the real SmolLM2-135M-Instruct (fp32 on CPU) is lossless.
 
-The reference is a plain host loop over `core.target.forward_rows` (tests/smollm2_draft.py),
+The reference is a plain host loop over `core.row_cache.forward_rows` (tests/smollm2_draft.py),
 independent of `eagle3kit.decode`. A trained draft and an untrained one, chains and SGLang's
 5/4/8 trees, must all reproduce it token for token through the engine (rows refilled, rows
 ending at different steps); only how many tokens each verify step accepts differs. The plain
@@ -15,7 +15,7 @@ import pytest
 
 from eagle3kit.core.draft import DraftWeights
 from eagle3kit.core.sharding import init_weights
-from eagle3kit.core.ttt import VocabArrays
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.decode.acceptance import acceptance_summary
 from eagle3kit.decode.engine import Request
 from eagle3kit.decode.speculative import DecodeConfig

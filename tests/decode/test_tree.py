@@ -18,7 +18,7 @@ import pytest
 
 from eagle3kit.core import draft as draft_lib
 from eagle3kit.core import target
-from eagle3kit.decode import draft_cache, tree
+from eagle3kit.decode import draft_cache, row_cache, tree
 from eagle3kit.decode.speculative import DecodeConfig
 from tests.decode import accepting, engines
 from tests.decode.test_speculative import P_MIN, chi_square_p_value
@@ -104,7 +104,7 @@ def test_accepted_path_equals_a_walk_down_agreeing_children(best_after):
 
 def _prefill(tcfg, layers, tokens, aux_ids=()):
     """A one-row cache of 32 slots holding `tokens` from slot 0, and the forward's output."""
-    cache = target.RowCache.zeros(tcfg, 1, 32, jnp.float32)
+    cache = row_cache.RowCache.zeros(tcfg, 1, 32, jnp.float32)
     return _rows(tcfg, aux_ids, layers, jnp.asarray(tokens)[None],
                  jnp.arange(len(tokens))[None], cache, prefill=True)
 
@@ -114,7 +114,7 @@ def _prefill(tcfg, layers, tokens, aux_ids=()):
 @functools.partial(jax.jit, static_argnums=(0, 1), static_argnames="prefill")
 def _rows(tcfg, aux_ids, layers, tokens, positions, cache, prefix=None, block=None,
           prefill=False):
-    return target.forward_rows(layers, tcfg, tokens, positions, cache, prefix_B=prefix,
+    return row_cache.forward_rows(layers, tcfg, tokens, positions, cache, prefix_B=prefix,
                                block_mask_BxTxT=block, prefill=prefill, aux_layer_ids=aux_ids)
 
 

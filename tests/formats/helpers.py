@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import re
-import types
 from pathlib import Path
 
 import jax
@@ -21,18 +19,6 @@ from eagle3kit.core.vocab import VocabMap
 from eagle3kit.io.draft_io import Draft
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
-
-
-def doc_example(heading: str, module_name: str) -> tuple[str, types.ModuleType]:
-    """docs/architecture.md's section under `heading` (up to the next heading), and its
-    example module executed as written."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
-    section = text.split(heading, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code, f"{heading!r} has no example module"
-    module = types.ModuleType(module_name)
-    exec(compile(code.group(1), "docs/architecture.md", "exec"), module.__dict__)
-    return section, module
 
 
 @dataclasses.dataclass

@@ -20,7 +20,8 @@ from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.formats import load_any_draft
 from eagle3kit.hub.card import render_card
 from eagle3kit.io.draft_io import load_draft, save_draft
-from tests.formats.helpers import doc_example, make_draft
+from tests import doc_examples
+from tests.formats.helpers import make_draft
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "### How to add a draft architecture"
@@ -34,7 +35,8 @@ def cli(*args):
 
 @pytest.fixture
 def toy():
-    section, module = doc_example(SECTION, "toy_draft_from_docs")
+    section = doc_examples.doc_section(SECTION)
+    module = doc_examples.doc_module(SECTION, "toy_draft_from_docs")
     (name, display, _, summary), = LINE.findall(section)
     arches.register(name, display, module, summary=summary)
     yield name

@@ -18,7 +18,8 @@ from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.formats import detect_format, registry
 from eagle3kit.formats.registry import ExportOptions
 from eagle3kit.io.draft_io import load_draft, save_draft
-from tests.formats.helpers import doc_example, make_draft
+from tests import doc_examples
+from tests.formats.helpers import make_draft
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "### How to add an export format"
@@ -32,12 +33,12 @@ def convert(*args):
 
 
 def doc_section() -> str:
-    return doc_example(SECTION, "toy_format_from_docs")[0]
+    return doc_examples.doc_section(SECTION)
 
 
 def doc_toy() -> types.ModuleType:
     """The doc's example module, executed as written."""
-    return doc_example(SECTION, "toy_format_from_docs")[1]
+    return doc_examples.doc_module(SECTION, "toy_format_from_docs")
 
 
 @pytest.fixture

@@ -127,7 +127,7 @@ def _one_row_eval(tiny, tmp_path, turns: dict[str, list[str]], steps: int, max_n
 
     from eagle3kit.core import draft as draft_lib
     from eagle3kit.core import target
-    from eagle3kit.core.ttt import VocabArrays
+    from eagle3kit.core.vocab_arrays import VocabArrays
     from eagle3kit.data.prompts import load_prompts
     from eagle3kit.data.tokenizer import load_tokenizer
     from eagle3kit.decode.speculative import Speculation

@@ -12,12 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from eagle3kit.core import arches
+from eagle3kit.core import arches, families
 from eagle3kit.errors import InputError
 
-# model_type -> family. Mistral-style checkpoints are Llama without sliding windows.
-_FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-             "qwen3_moe": "qwen3_moe", "gpt_oss": "gpt_oss", "gemma3_text": "gemma3"}
 _ROPE_KINDS = ("default", "llama3", "linear", "yarn")
 
 
@@ -161,7 +158,7 @@ class TargetConfig:
     """A decoder-only target: Llama (incl. Llama-3 rope), Qwen2, Qwen3, Qwen3-MoE, gpt-oss or
     Gemma-3 (text). The family-specific fields below keep the Llama defaults."""
 
-    family: str  # one of _FAMILIES' values
+    family: str  # a registered family's name (core/families)
     vocab_size: int
     hidden_size: int
     intermediate_size: int  # dense MLP width (gpt-oss: the expert width)
@@ -194,18 +191,19 @@ class TargetConfig:
                        source: object = "config.json") -> TargetConfig:
         """Builds the config from a parsed HF `config.json`; unknown families are an error."""
         model_type = d.get("model_type", "")
-        if model_type not in _FAMILIES:
+        known = families.registry.model_types()
+        if model_type not in known:
             raise InputError(
                 f"unsupported architecture model_type={model_type!r} "
                 f"(architectures={d.get('architectures')}); supported: "
-                + ", ".join(f"{t} ({_ARCHITECTURES[t]})" for t in sorted(_FAMILIES)),
+                + ", ".join(f"{t} ({known[t][1]})" for t in sorted(known)),
                 path=source)
-        family = _FAMILIES[model_type]
+        family = known[model_type][0]
         try:
             hidden, heads = int(d["hidden_size"]), int(d["num_attention_heads"])
             num_layers = int(d["num_hidden_layers"])
             base = dict(
-                family=family,
+                family=family.name,
                 vocab_size=int(d["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(d["intermediate_size"]),
@@ -217,13 +215,13 @@ class TargetConfig:
                 rope=RopeConfig.from_hf(d, source),
                 max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-                attention_bias=(family == "qwen2") or bool(d.get("attention_bias", False)),
-                qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
+                attention_bias=bool(d.get("attention_bias", False)),
                 model_type=model_type,
                 architectures=tuple(d.get("architectures") or ()),
                 name=name or str(d.get("_name_or_path", "")),
             )
-            base.update(_FAMILY_FIELDS[family](d, num_layers, source))
+            _check_quantisation(d, family.quantisations, source)
+            base.update(family.fields(d, num_layers, source))
             return cls(**base)
         except KeyError as e:
             raise InputError(f"config is missing the field {e.args[0]!r}", path=source) from None
@@ -265,28 +263,20 @@ class TargetConfig:
         return self.num_params - idle
 
 
-_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-    "gpt_oss": "GptOssForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-}
-_QUANTISATIONS = {"gpt_oss": ("mxfp4",)}  # understood `quantization_config.quant_method`s
-
-
-def _check_quantisation(d: dict[str, Any], family: str, source: object) -> None:
+def _check_quantisation(d: dict[str, Any], known: tuple[str, ...], source: object) -> None:
+    """`quantization_config.quant_method` must be one the family understands (`known`)."""
     q = d.get("quantization_config")
     if not q:
         return
     method = q.get("quant_method") if isinstance(q, dict) else q
-    known = _QUANTISATIONS.get(family, ())
     if method not in known:
         raise InputError(f"quantization_config.quant_method={method!r} is not understood for "
                          f"{d.get('model_type')} (understood: {', '.join(known) or 'none'}; "
                          "use the unquantised bf16 checkpoint)", path=source)
 
 
-def _layer_windows(d: dict[str, Any], n: int, source: object, default_window: int = 0
-                   ) -> tuple[int, ...]:
+def layer_windows(d: dict[str, Any], n: int, source: object, default_window: int = 0
+                  ) -> tuple[int, ...]:
     """Per-layer sliding windows from `layer_types` (or Gemma's `sliding_window_pattern`)."""
     window = int(d.get("sliding_window") or default_window)
     types = d.get("layer_types")
@@ -304,68 +294,6 @@ def _layer_windows(d: dict[str, Any], n: int, source: object, default_window: in
     return tuple(window if t == "sliding_attention" else 0 for t in types)
 
 
-def _dense_fields(d: dict[str, Any], n: int, source: object) -> dict[str, Any]:
-    _check_quantisation(d, "dense", source)
-    return {}
-
-
-def _qwen3_moe_fields(d: dict[str, Any], n: int, source: object) -> dict[str, Any]:
-    _check_quantisation(d, "qwen3_moe", source)
-    if d.get("use_sliding_window"):
-        raise InputError("Qwen3-MoE with use_sliding_window=true is not supported", path=source)
-    experts = int(d.get("num_experts") or d.get("num_local_experts") or 0)
-    step = int(d.get("decoder_sparse_step", 1))
-    dense = set(d.get("mlp_only_layers") or ())
-    sparse = tuple(i not in dense and experts > 0 and (i + 1) % step == 0 for i in range(n))
-    if not any(sparse):
-        return {}
-    return {"moe": MoeConfig(
-        num_experts=experts, top_k=int(d["num_experts_per_tok"]),
-        expert_size=int(d["moe_intermediate_size"]), sparse_layers=sparse,
-        routing="softmax_topk", norm_topk_prob=bool(d.get("norm_topk_prob", False)))}
-
-
-def _gpt_oss_fields(d: dict[str, Any], n: int, source: object) -> dict[str, Any]:
-    _check_quantisation(d, "gpt_oss", source)
-    return {
-        "layer_windows": _layer_windows(d, n, source, default_window=128),
-        "attention_sinks": True,
-        "moe": MoeConfig(
-            num_experts=int(d["num_local_experts"]), top_k=int(d["num_experts_per_tok"]),
-            expert_size=int(d["intermediate_size"]), sparse_layers=(True,) * n,
-            routing="topk_softmax", norm_topk_prob=False, bias=True,
-            swiglu_limit=float(d.get("swiglu_limit", 7.0)),
-            swiglu_alpha=float(d.get("swiglu_alpha", 1.702))),
-    }
-
-
-def _gemma3_fields(d: dict[str, Any], n: int, source: object) -> dict[str, Any]:
-    _check_quantisation(d, "gemma3", source)
-    params = d.get("rope_parameters") or {}
-    if "full_attention" in params:  # transformers 5.x: one rope per layer type
-        rope = RopeConfig.from_hf({"rope_parameters": params["full_attention"]}, source)
-        local = RopeConfig.from_hf({"rope_parameters": params["sliding_attention"]}, source)
-    else:  # 4.x: rope_theta (+ rope_scaling) for global layers, rope_local_base_freq
-        rope = RopeConfig.from_hf(d, source)
-        local = RopeConfig(theta=float(d.get("rope_local_base_freq", 10000.0)))
-    if d.get("final_logit_softcapping"):  # Gemma-2's; no Gemma-3 release sets it
-        raise InputError("final_logit_softcapping is not supported", path=source)
-    act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
-    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
-        raise InputError(f"Gemma-3 hidden_activation {act!r} is not supported", path=source)
-    return {
-        "rope": rope, "local_rope": local,
-        "layer_windows": _layer_windows(d, n, source),
-        "query_scale": float(d.get("query_pre_attn_scalar") or d["head_dim"]) ** -0.5,
-        "attn_softcap": float(d.get("attn_logit_softcapping") or 0.0),
-        "gemma_norms": True, "mlp_activation": "gelu_tanh",
-        "tie_word_embeddings": bool(d.get("tie_word_embeddings", True)),
-    }
-
-
-_FAMILY_FIELDS = {"llama": _dense_fields, "qwen2": _dense_fields, "qwen3": _dense_fields,
-                  "qwen3_moe": _qwen3_moe_fields, "gpt_oss": _gpt_oss_fields,
-                  "gemma3": _gemma3_fields}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ from eagle3kit.core.sharding import constrain
 
 # Finite "minus infinity", the one score every attention here gives what a row cannot see:
 # a fully masked row (padding) gives a uniform softmax, not NaN, and in the blockwise kernels
-# (flash.py, ragged_attention.py) a key block a row cannot see weighs exp2(-huge) = 0.
+# (flash.py, decode/ragged_attention.py) a key block a row cannot see weighs exp2(-huge) = 0.
 MASKED = -1e30
 
 
@@ -63,21 +63,6 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array,
     o = jnp.einsum("bkgts,bskh->btkgh", p, v_BxSxKxH)
     b, t = q_BxTxNxH.shape[:2]
     return o.reshape(b, t, *q_BxTxNxH.shape[2:])
-
-
-def resolve_attention(impl: str, dtype, draft_dtype=None) -> str:
-    """`auto` on GPUs with a 16-bit target (`dtype`): "pallas" (the target through cuDNN,
-    the TTT attention through the fused kernel of core/flash.py) when the draft computes in
-    16 bits too, else "cudnn"; "xla" elsewhere. Other choices pass through."""
-    if impl != "auto":
-        return impl
-    def half(d) -> bool:
-        return jnp.dtype(d) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-
-    if not (half(dtype) and jax.default_backend() == "gpu"):
-        return "xla"
-    # the kernel was measured and checked on GPUs in bf16 only (docs/benchmarks.md)
-    return "pallas" if draft_dtype is not None and half(draft_dtype) else "cudnn"
 
 
 def causal_mask(segment_ids_BxT: jax.Array) -> jax.Array:

@@ -23,11 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from eagle3kit.core import moe, skinny_matmul
+from eagle3kit.core import moe
 from eagle3kit.core.blocks import attend_general, gated_mlp, gemma_rms_norm, window_mask
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.layers import attend, causal_mask, rms_norm, rope
-from eagle3kit.core.ragged_attention import attend_rows
 from eagle3kit.core.sharding import (
     ArrayInfo,
     constrain,
@@ -36,6 +35,19 @@ from eagle3kit.core.sharding import (
     ones_init,
     zeros_init,
 )
+
+# The weights each layer variant adds to the Llama layer, by the `TargetConfig` flag that a
+# family's `fields` sets (core/families): weight -> (its dimensions, as letters of the shape
+# legend, and its initializer: "normal", or "norm" as the config's norms).
+LAYER_VARIANTS = {
+    "attention_bias": {"q_bias": ("LNH", "normal"), "k_bias": ("LKH", "normal"),
+                       "v_bias": ("LKH", "normal")},  # Qwen2, gpt-oss
+    "qk_norm": {"q_norm": ("LH", "norm"), "k_norm": ("LH", "norm")},  # Qwen3(-MoE), Gemma-3
+    # gpt-oss: sinks and an output bias come together
+    "attention_sinks": {"sinks": ("LN", "normal"), "o_bias": ("LD", "normal")},
+    "gemma_norms": {"post_attn_norm": ("LD", "norm"), "post_mlp_norm": ("LD", "norm")},
+}
+_AXES = {"L": "layers", "D": "embed", "N": "heads", "K": "kv_heads", "H": "head_dim"}
 
 
 @jax.tree_util.register_dataclass
@@ -49,15 +61,16 @@ class TargetLayers:
     v: Any  # L,D,K,H
     o: Any  # L,N,H,D
     mlp_norm: Any  # L,D
-    q_bias: Any = None  # L,N,H (Qwen2, gpt-oss)
+    # a layer variant's weights (LAYER_VARIANTS), None where the config's flag is off
+    q_bias: Any = None  # L,N,H
     k_bias: Any = None  # L,K,H
     v_bias: Any = None  # L,K,H
-    q_norm: Any = None  # L,H (Qwen3, Qwen3-MoE, Gemma-3)
+    q_norm: Any = None  # L,H
     k_norm: Any = None  # L,H
-    o_bias: Any = None  # L,D (gpt-oss)
-    sinks: Any = None  # L,N (gpt-oss)
-    post_attn_norm: Any = None  # L,D (Gemma-3: norms the attention output)
-    post_mlp_norm: Any = None  # L,D (Gemma-3: norms the MLP output)
+    o_bias: Any = None  # L,D
+    sinks: Any = None  # L,N
+    post_attn_norm: Any = None  # L,D: norms the attention output
+    post_mlp_norm: Any = None  # L,D: norms the MLP output
     # a `LayerList`'s layers hold q, k and v as one matrix instead (`fuse_layer`)
     qkv: Any = None  # D,K,G+2,H: kv head k's G query heads, then its key and its value
     qkv_bias: Any = None  # K,G+2,H
@@ -103,19 +116,11 @@ class TargetWeights:
             o=info((L, N, H, D), ("layers", "heads", "head_dim", "embed"), fan_in_init(3)),
             mlp_norm=info((L, D), ("layers", "embed"), norm),
         )
-        if cfg.attention_bias:
-            layers.q_bias = info((L, N, H), ("layers", "heads", "head_dim"), normal_init())
-            layers.k_bias = info((L, K, H), ("layers", "kv_heads", "head_dim"), normal_init())
-            layers.v_bias = info((L, K, H), ("layers", "kv_heads", "head_dim"), normal_init())
-        if cfg.qk_norm:
-            layers.q_norm = info((L, H), ("layers", "head_dim"), norm)
-            layers.k_norm = info((L, H), ("layers", "head_dim"), norm)
-        if cfg.attention_sinks:  # gpt-oss: sinks and an output bias come together
-            layers.sinks = info((L, N), ("layers", "heads"), normal_init())
-            layers.o_bias = info((L, D), ("layers", "embed"), normal_init())
-        if cfg.gemma_norms:
-            layers.post_attn_norm = info((L, D), ("layers", "embed"), norm)
-            layers.post_mlp_norm = info((L, D), ("layers", "embed"), norm)
+        sizes = {"L": L, "D": D, "N": N, "K": K, "H": H}
+        for flag, weights in LAYER_VARIANTS.items():
+            for name, (dims, init) in weights.items() if getattr(cfg, flag) else ():
+                setattr(layers, name, info([sizes[c] for c in dims], [_AXES[c] for c in dims],
+                                           norm if init == "norm" else normal_init()))
         sparse = cfg.moe.sparse_layers if cfg.moe else (False,) * L
         n_dense, mlp, experts = L - sum(sparse), None, None
         if n_dense:
@@ -224,45 +229,40 @@ def _mlp_seam(w: TargetWeights, cfg: TargetConfig):
     return None, mixed
 
 
+class LayerAttention:
+    """A layer's whole attention, passed where a `kv_fn` goes: called as
+    `(q, k, v, layer, sinks) -> [B, T, N, H]`, and its `matmul(x, w)` runs q|k|v, o_proj and
+    the MLP's down projection. Decoding's rows over a cache are one
+    (`decode/row_cache.RowAttention`): the target does not know how a cache is laid out."""
+
+    def matmul(self, x_BxTxK: jax.Array, w_KxN: jax.Array) -> jax.Array:
+        return jnp.einsum("btk,kn->btn", x_BxTxK, w_KxN)
+
+
 def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, kv_fn, mlp_fn,
            mw, layer, extra, attn_impl: str = "xla"):
     """One decoder layer (index `layer`).
 
     `kv_fn(k, v, layer, extra) -> (k_all, v_all, mask, key_positions, extra)` supplies the keys
     to attend to: the layer's own (training) or a KV cache it updates (decoding), with the
-    position of every key (for sliding windows). A `RowAttention` instead takes the whole
-    attention over (decoding rows: `forward_rows`), and its `matmul` then runs q|k|v, o_proj
-    and the MLP's down projection. `mlp_fn(h, layer, mw, matmul)` is the layer's MLP.
+    position of every key (for sliding windows). A `LayerAttention` instead takes the whole
+    attention over (decoding rows: `decode/row_cache.forward_rows`), and its `matmul` then runs
+    q|k|v, o_proj and the MLP's down projection. `mlp_fn(h, layer, mw, matmul)` is the layer's MLP.
     """
-    matmul = kv_fn.matmul if isinstance(kv_fn, RowAttention) else None
+    matmul = kv_fn.matmul if isinstance(kv_fn, LayerAttention) else None
     norm = gemma_rms_norm if cfg.gemma_norms else rms_norm
     eps = cfg.rms_norm_eps
     # named scopes split a profile of the layer (benchmarks/profile_summary.py)
     with jax.named_scope("attention"):
         with jax.named_scope("qkv"):
-            h = norm(x_BxTxD, lw.attn_norm, eps)
-            if lw.qkv is not None:
-                d, kv, c, hd = lw.qkv.shape
-                qkv = (jnp.einsum("btd,dkch->btkch", h, lw.qkv) if matmul is None else
-                       matmul(h, lw.qkv.reshape(d, -1)).reshape(*h.shape[:2], kv, c, hd))
-                if lw.qkv_bias is not None:
-                    qkv = qkv + lw.qkv_bias
-                g = cfg.num_heads // cfg.num_kv_heads
-                q = qkv[:, :, :, :g].reshape(*qkv.shape[:2], cfg.num_heads, cfg.head_dim)
-                k, v = qkv[:, :, :, g], qkv[:, :, :, g + 1]
-            else:
-                q = jnp.einsum("btd,dnh->btnh", h, lw.q)
-                k = jnp.einsum("btd,dkh->btkh", h, lw.k)
-                v = jnp.einsum("btd,dkh->btkh", h, lw.v)
-                if lw.q_bias is not None:
-                    q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
+            q, k, v = _qkv(norm(x_BxTxD, lw.attn_norm, eps), lw, cfg, matmul)
             if lw.q_norm is not None:
                 q, k = norm(q, lw.q_norm, eps), norm(k, lw.k_norm, eps)
             r = tables.rope_index_L[layer]
             q = constrain(_rope(q, positions_BxT, tables, r), ("batch", "seq", "act_heads", None))
             k = constrain(_rope(k, positions_BxT, tables, r), ("batch", "seq", "act_heads", None))
             v = constrain(v, ("batch", "seq", "act_heads", None))
-        if isinstance(kv_fn, RowAttention):
+        if isinstance(kv_fn, LayerAttention):
             a = kv_fn(q, k, v, layer, lw.sinks)  # its own scopes: cache_write, attend
         else:
             with jax.named_scope("attend"):
@@ -270,17 +270,9 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
                 if tables.window_L is not None:
                     mask = window_mask(mask, positions_BxT, key_positions,
                                        tables.window_L[layer])
-                a = _attend(cfg, q, k_all, v_all, mask, lw.sinks, attn_impl)
+                a = attend_layer(cfg, q, k_all, v_all, mask, lw.sinks, attn_impl)
         with jax.named_scope("o_proj"):
-            if matmul is None:
-                o = jnp.einsum("btnh,nhd->btd", a, lw.o)
-            else:
-                o = matmul(a.reshape(*a.shape[:2], -1), lw.o.reshape(-1, lw.o.shape[-1]))
-            if lw.o_bias is not None:
-                o = o + lw.o_bias
-            if lw.post_attn_norm is not None:
-                o = norm(o, lw.post_attn_norm, eps)
-            x_BxTxD = x_BxTxD + o
+            x_BxTxD = x_BxTxD + _o_proj(a, lw, matmul, norm, eps)
     with jax.named_scope("mlp"):
         h = mlp_fn(norm(x_BxTxD, lw.mlp_norm, eps), layer, mw, matmul)
         if lw.post_mlp_norm is not None:
@@ -289,7 +281,41 @@ def _layer(x_BxTxD, lw: TargetLayers, cfg: TargetConfig, positions_BxT, tables, 
     return constrain(x_BxTxD, ("batch", "seq", "act_embed")), extra
 
 
-def _attend(cfg: TargetConfig, q, k_all, v_all, mask, sinks, attn_impl: str = "xla"):
+def _qkv(h_BxTxD, lw: TargetLayers, cfg: TargetConfig, matmul):
+    """q [B,T,N,H], k and v [B,T,K,H] of the normed input: one matmul over a `LayerList`'s
+    fused q|k|v (through `matmul` when a `LayerAttention` gives one), else three."""
+    if lw.qkv is None:
+        q = jnp.einsum("btd,dnh->btnh", h_BxTxD, lw.q)
+        k = jnp.einsum("btd,dkh->btkh", h_BxTxD, lw.k)
+        v = jnp.einsum("btd,dkh->btkh", h_BxTxD, lw.v)
+        if lw.q_bias is not None:
+            q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
+        return q, k, v
+    d, kv, c, hd = lw.qkv.shape
+    qkv = (jnp.einsum("btd,dkch->btkch", h_BxTxD, lw.qkv) if matmul is None else
+           matmul(h_BxTxD, lw.qkv.reshape(d, -1)).reshape(*h_BxTxD.shape[:2], kv, c, hd))
+    if lw.qkv_bias is not None:
+        qkv = qkv + lw.qkv_bias
+    g = cfg.num_heads // cfg.num_kv_heads
+    q = qkv[:, :, :, :g].reshape(*qkv.shape[:2], cfg.num_heads, cfg.head_dim)
+    return q, qkv[:, :, :, g], qkv[:, :, :, g + 1]
+
+
+def _o_proj(a_BxTxNxH, lw: TargetLayers, matmul, norm, eps: float) -> jax.Array:
+    """[B,T,D]: the attention's output projected (its bias added, normed when the layer
+    norms it: Gemma-3), before the residual."""
+    if matmul is None:
+        o = jnp.einsum("btnh,nhd->btd", a_BxTxNxH, lw.o)
+    else:
+        o = matmul(a_BxTxNxH.reshape(*a_BxTxNxH.shape[:2], -1), lw.o.reshape(-1, lw.o.shape[-1]))
+    if lw.o_bias is not None:
+        o = o + lw.o_bias
+    if lw.post_attn_norm is not None:
+        o = norm(o, lw.post_attn_norm, eps)
+    return o
+
+
+def attend_layer(cfg: TargetConfig, q, k_all, v_all, mask, sinks, attn_impl: str = "xla"):
     """The layer's softmax attention under `mask` (windows already in it): cuDNN or XLA for
     plain layers, the general XLA attention for sinks, query scales and soft-capping."""
     if sinks is None and not cfg.query_scale and not cfg.attn_softcap:
@@ -380,7 +406,7 @@ def forward(w: TargetWeights | LayerList, cfg: TargetConfig, tokens_BxT: jax.Arr
         return k, v, mask, positions_BxT, extra
 
     if isinstance(w, LayerList):
-        return _loop_layers(w, cfg, tokens_BxT, positions_BxT, kv_fn, aux_layer_ids, attn_impl)
+        return loop_layers(w, cfg, tokens_BxT, positions_BxT, kv_fn, aux_layer_ids, attn_impl)
     out, _ = _scan_layers(w, cfg, tokens_BxT, positions_BxT, aux_layer_ids, kv_fn, None,
                           attn_impl)
     return out
@@ -524,7 +550,7 @@ def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig,
     return layer_list(w, cfg, split, fuse_in_place if fuse else None)
 
 
-def _loop_layers(w: LayerList, cfg: TargetConfig, tokens_BxT, positions_BxT, kv_fn,
+def loop_layers(w: LayerList, cfg: TargetConfig, tokens_BxT, positions_BxT, kv_fn,
                  aux_layer_ids: tuple[int, ...] = (), attn_impl: str = "xla") -> TargetOutput:
     """`_scan_layers` for per-layer weights: a Python loop, capturing the input of each
     layer in `aux_layer_ids` (concatenated in that order, as the scan's slots)."""
@@ -546,168 +572,3 @@ def _loop_layers(w: LayerList, cfg: TargetConfig, tokens_BxT, positions_BxT, kv_
         return TargetOutput(x, None)
     aux_BxTxA = jnp.concatenate([captured[i] for i in aux_layer_ids], axis=-1)
     return TargetOutput(x, constrain(aux_BxTxA, ("batch", "seq", "act_embed")))
-
-
-# ---- decoding rows over a KV cache ---------------------------------------------------------
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class RowCache:
-    """KV cache of C independent rows of S slots, one array pair per layer. Every decoder
-    (plain and speculative generation, `regenerate` and `eval`) uses this one layout."""
-
-    k: list  # L x [C,S,K,H]
-    v: list
-
-    @staticmethod
-    def zeros(cfg: TargetConfig, rows: int, positions: int, dtype: Any) -> RowCache:
-        shape = (rows, positions, cfg.num_kv_heads, cfg.head_dim)
-        return RowCache([jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)],
-                        [jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)])
-
-
-@dataclasses.dataclass(frozen=True)
-class RowAttention:
-    """The attention of `forward_rows` for one layer, the one place that reads the cache.
-
-    Writes the new tokens' keys and values at slots prefix_B[b] + j of cache row rows_B[b],
-    then lets query t of batch row b see the slots s < prefix_B[b] (slot index == RoPE
-    position there) and the new tokens j where block_mask[b, t, j] (None: j <= t), inside the
-    layer's sliding window measured in RoPE positions (new token j's is q_positions[b, j]).
-    This is `core/ragged_attention.attend_rows`'s contract: with `rows_impl="xla"` the path
-    below reads the first `window` slots of the rows; with "pallas" the kernel reads each row
-    in place up to its own length (a first prefill, which reads no cache, stays below).
-
-    The XLA path slices the window when the batch is every cache row in order (`rows_B`
-    None: decode and verify steps) and gathers it by `rows_B` only for a subset (prefill
-    pieces): a gather copies every row's window out of the cache where a slice is read in
-    place, and decode steps that gathered lost much of the speed of the slicing engine before
-    them (docs/benchmarks.md).
-    """
-
-    cfg: TargetConfig
-    ks: list  # per layer [C,S,K,H], updated in place (the caller's lists)
-    vs: list
-    rows_B: jax.Array | None  # None: batch row b is cache row b, every row (decode, verify)
-    prefix_B: jax.Array
-    q_positions_BxT: jax.Array
-    block_mask_BxTxT: jax.Array | None
-    window: int  # slots read (static): >= every prefix + T; 0: read none (a first prefill)
-    attn_impl: str = "xla"
-    rows_impl: str = "xla"  # how the cache is read: "xla" (the window) or "pallas" (in place)
-    matmul_impl: str = "xla"  # a few rows' q|k|v, o_proj and down: XLA or core/skinny_matmul
-
-    def matmul(self, x_BxTxK: jax.Array, w_KxN: jax.Array) -> jax.Array:
-        """x @ w: the Pallas kernel where it pays (matmul_impl "pallas":
-        skinny_matmul.pays), else XLA's."""
-        m = x_BxTxK.shape[0] * x_BxTxK.shape[1]
-        if self.matmul_impl == "pallas" and skinny_matmul.pays(m, w_KxN, self.blocks):
-            out = skinny_matmul.skinny_matmul(x_BxTxK.reshape(m, -1), w_KxN, self.blocks)
-            return out.reshape(*x_BxTxK.shape[:2], -1)
-        return jnp.einsum("btk,kn->btn", x_BxTxK, w_KxN)
-
-    @property
-    def blocks(self) -> skinny_matmul.SkinnyBlocks:
-        return skinny_matmul.SkinnyBlocks(interpret=jax.default_backend() != "gpu")
-
-    def __call__(self, q, k, v, layer: int, sinks):
-        with jax.named_scope("cache_write"):
-            self._write(k, v, layer)
-        with jax.named_scope("attend"):
-            return self._attend(q, k, v, layer, sinks)
-
-    def _write(self, k, v, layer: int) -> None:
-        ks, vs, rows = self.ks, self.vs, self.rows_B
-        if rows is None:  # row b's keys into cache row b, on the device holding it
-            # (an index scatter over rows split across devices all-gathers every row's keys
-            # and slots to every device first: three collectives per layer and step). A
-            # slice past the cache's end would be clamped, not dropped; the engine admits no
-            # request whose answer and one step's writes do not fit its row (Engine.check).
-            put = jax.vmap(lambda c, x, p: jax.lax.dynamic_update_slice(c, x, (p, 0, 0)))
-            ks[layer] = put(ks[layer], k.astype(ks[layer].dtype), self.prefix_B)
-            vs[layer] = put(vs[layer], v.astype(vs[layer].dtype), self.prefix_B)
-        else:
-            slots = self.prefix_B[:, None] + jnp.arange(k.shape[1])[None, :]
-            ks[layer] = ks[layer].at[rows[:, None], slots].set(k.astype(ks[layer].dtype),
-                                                               mode="drop")
-            vs[layer] = vs[layer].at[rows[:, None], slots].set(v.astype(vs[layer].dtype),
-                                                               mode="drop")
-
-    def _attend(self, q, k, v, layer: int, sinks):
-        b, t = self.q_positions_BxT.shape
-        ks, vs = self.ks, self.vs
-        block = self.block_mask_BxTxT
-        if self.window and self.rows_impl != "xla":
-            windows = self.cfg.layer_windows
-            return attend_rows(q, ks[layer], vs[layer], self.rows_B, self.prefix_B,
-                               self.q_positions_BxT, block_mask_BxTxT=block,
-                               window=windows[layer] if any(windows) else 0,
-                               scale=self.cfg.query_scale or self.cfg.head_dim ** -0.5,
-                               softcap=self.cfg.attn_softcap, sinks_N=sinks, impl=self.rows_impl)
-        if block is None:
-            block = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
-        if self.window == 0:  # the new tokens start their rows: nothing cached to read
-            keys, values, mask, key_positions = k, v, block, self.q_positions_BxT
-        else:
-            keys, values = ks[layer][:, : self.window], vs[layer][:, : self.window]
-            if self.rows_B is not None:  # a subset of the rows (prefill pieces)
-                keys, values = keys[self.rows_B], values[self.rows_B]
-            rel = jnp.arange(self.window)[None, :] - self.prefix_B[:, None]  # B,W
-            new = (rel >= 0) & (rel < t)
-            j = jnp.clip(rel, 0, t - 1)
-            sees_new = jnp.take_along_axis(block, jnp.broadcast_to(j[:, None], (b, t,
-                                                                                self.window)),
-                                           axis=2)
-            mask = (rel < 0)[:, None, :] | (new[:, None, :] & sees_new)
-            key_positions = jnp.where(new, jnp.take_along_axis(self.q_positions_BxT, j, 1),
-                                      jnp.arange(self.window)[None, :])
-        if any(self.cfg.layer_windows) and self.cfg.layer_windows[layer]:
-            mask = window_mask(mask, self.q_positions_BxT, key_positions,
-                               self.cfg.layer_windows[layer])
-        return _attend(self.cfg, q, keys.astype(q.dtype), values.astype(q.dtype), mask, sinks,
-                       self.attn_impl)
-
-
-def forward_rows(w: LayerList, cfg: TargetConfig, tokens_BxT: jax.Array,
-                 positions_BxT: jax.Array, cache: RowCache, *, rows_B: jax.Array | None = None,
-                 prefix_B: jax.Array | None = None, block_mask_BxTxT: jax.Array | None = None,
-                 window: int | None = None, prefill: bool = False,
-                 aux_layer_ids: tuple[int, ...] = (), rows_impl: str = "xla",
-                 matmul_impl: str | None = None) -> tuple[TargetOutput, RowCache]:
-    """Forward of T new tokens per row, each row at its own positions (batched generation,
-    speculative verification); returns the output (final-normed hidden [B,T,D], the captured
-    states of `aux_layer_ids`) and the updated cache.
-
-    Batch row b writes its keys at slots prefix_B[b] .. prefix_B[b]+T-1 of cache row
-    rows_B[b] (default: row b, then B == C) and reads the row's slots below prefix_B[b],
-    where slot index == RoPE position. `positions_BxT` are the new tokens' RoPE positions:
-    prefix_B[b] + j for a plain run of tokens (the default prefix is positions_BxT[:, 0]),
-    prefix + depth for a draft tree, whose `block_mask_BxTxT[b, t, j]` says which new tokens
-    query t sees (its ancestors and itself; None: causal). See `RowAttention`.
-
-    prefill  the T tokens start their rows (prefix 0): no cache is read; padding after a
-             prompt writes keys past its end, which later tokens overwrite before any query
-             can reach them.
-    window   otherwise keys are read from the first `window` slots of the row (a static
-             bound >= every prefix + T: decoding reads no more of the cache than the longest
-             sequence needs).
-    rows_impl  "xla" (that window: sliced, or gathered for `rows_B`) or "pallas"
-             (core/ragged_attention's kernel: each row read in place up to its own
-             prefix + T; `window` is then unused).
-    matmul_impl  how a step multiplies q|k|v, o_proj and down: "xla", or "pallas"
-             (core/skinny_matmul where it pays: a few rows, large weights); None: "pallas"
-             where the cache kernel runs on a GPU (one device), else "xla".
-
-    Writes past the cache's end are dropped.
-    """
-    prefix = positions_BxT[:, 0] if prefix_B is None else prefix_B
-    window = 0 if prefill else cache.k[0].shape[1] if window is None else window
-    ks, vs = list(cache.k), list(cache.v)
-    if matmul_impl is None:
-        matmul_impl = "pallas" if rows_impl == "pallas" and jax.default_backend() == "gpu" \
-            else "xla"
-    attention = RowAttention(cfg, ks, vs, rows_B, prefix, positions_BxT, block_mask_BxTxT,
-                             window, rows_impl=rows_impl, matmul_impl=matmul_impl)
-    out = _loop_layers(w, cfg, tokens_BxT, positions_BxT, attention, aux_layer_ids)
-    return out, RowCache(ks, vs)

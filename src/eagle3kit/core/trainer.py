@@ -29,6 +29,7 @@ from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.metrics import StepCounts
 from eagle3kit.core.optim import OptimConfig, make_optimizer, schedule
 from eagle3kit.core.sharding import init_weights, shardings, spec_for, use_mesh
+from eagle3kit.core.vocab_arrays import VocabArrays
 
 
 @jax.tree_util.register_dataclass
@@ -122,7 +123,7 @@ class Trainer:
             return own(batch, self.dcfg, self.ttt)
         return ttt.valid_counts(batch, self.ttt.steps)
 
-    def _train_step(self, state: TrainState, target_w, vocab: ttt.VocabArrays,
+    def _train_step(self, state: TrainState, target_w, vocab: VocabArrays,
                     batch: ttt.Batch) -> tuple[TrainState, StepMetrics]:
         loss_fn = self._loss()
         # per-step masked-token counts over the whole global batch: the loss denominators
@@ -151,7 +152,7 @@ class Trainer:
                               counts=counts)
         return TrainState(params, opt_state, state.step + 1), metrics
 
-    def train_step(self, state: TrainState, target_w, vocab: ttt.VocabArrays,
+    def train_step(self, state: TrainState, target_w, vocab: VocabArrays,
                    batch: ttt.Batch) -> tuple[TrainState, StepMetrics]:
         if self._step is None:
             with use_mesh(self.mesh):
@@ -165,7 +166,7 @@ class Trainer:
         _, counts = self._loss()(params, target_w, batch, vocab, denominators)
         return counts
 
-    def eval_step(self, params, target_w, vocab: ttt.VocabArrays, batch: ttt.Batch
+    def eval_step(self, params, target_w, vocab: VocabArrays, batch: ttt.Batch
                   ) -> StepCounts:
         """Counts of one [B, T] batch, without gradient (teacher-forced acceptance)."""
         if self._eval is None:

@@ -41,6 +41,8 @@ from eagle3kit.core.flash import FlashBlocks, flash_attention
 from eagle3kit.core.layers import MASKED, attend, causal_mask
 from eagle3kit.core.metrics import StepCounts, step_counts
 from eagle3kit.core.sharding import constrain
+from eagle3kit.core.train_attention import TrainAttention
+from eagle3kit.core.vocab_arrays import VocabArrays
 
 
 @jax.tree_util.register_dataclass
@@ -54,27 +56,14 @@ class Batch:
     positions: Any  # B,T int32, restarting at 0 in each document
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class VocabArrays:
-    """Device copies of the vocab map."""
-
-    draft_to_target: Any  # Vd int32: target id of each draft id (i + d2t[i])
-    t2d: Any  # V bool
-
-    @staticmethod
-    def from_map(vocab) -> VocabArrays:
-        return VocabArrays(jnp.asarray(vocab.used_ids, jnp.int32), jnp.asarray(vocab.t2d))
-
-
 @dataclasses.dataclass(frozen=True)
 class TTTConfig:
     steps: int = 7
     decay: float = 0.8
     compute_dtype: Any = jnp.bfloat16
-    # "xla" or "cudnn" (layers.attend): the target's and TTT step 0's attention; "pallas":
-    # the target through cuDNN, every TTT step through the fused kernel (core/flash.py, GPU)
-    attention: str = "xla"
+    # the target's and the TTT steps' attention kernels (core/train_attention.py; a string
+    # is taken as its name)
+    attention: TrainAttention = TrainAttention.XLA
     attention_block: int = 512  # query rows per block of the TTT attention (at most 16 blocks)
     flash_blocks: FlashBlocks | None = None  # the fused kernel's tiles (None: its defaults)
     remat: bool = False  # recompute each whole step in the backward pass (saves memory, ~25%
@@ -82,6 +71,9 @@ class TTTConfig:
     loss: str = "kl"  # per-position loss, a key of losses.LOSSES
     position_weights: str = "geometric"  # step weights, one of losses.POSITION_WEIGHTS
     anchors: int = 0  # DFlash: blocks per row (core/dflash_train.py; 0: seq_len // block)
+
+    def __post_init__(self):
+        object.__setattr__(self, "attention", TrainAttention(self.attention))
 
 
 @jax.tree_util.register_dataclass
@@ -117,19 +109,11 @@ def valid_counts(batch: Batch, steps: int) -> jax.Array:
     return jnp.stack([m.sum() for m in valid_masks(batch, steps)]).astype(jnp.float32)
 
 
-def target_attention(attention: str) -> str:
-    """The target's attention kernel for a `TTTConfig.attention` choice: "pallas" runs the
-    target through cuDNN on GPUs (through XLA elsewhere, where the kernel itself runs in
-    Pallas' interpret mode: correct, slow, for tests)."""
-    if attention == "pallas":
-        return "cudnn" if jax.default_backend() == "gpu" else "xla"
-    return attention
-
-
 def target_signals(target_w: target.TargetWeights, tcfg: TargetConfig, dcfg: DraftConfig,
-                   vocab: VocabArrays, batch: Batch, attention: str = "xla") -> TargetSignals:
+                   vocab: VocabArrays, batch: Batch,
+                   attention: TrainAttention = TrainAttention.XLA) -> TargetSignals:
     """Runs the frozen target once: captured states, logits, draft-vocab distribution."""
-    attention = target_attention(attention)
+    attention = TrainAttention(attention).target(jax.default_backend())
     with jax.named_scope("target"):
         out = target.forward(target_w, tcfg, batch.tokens, batch.segment_ids, batch.positions,
                              dcfg.aux_layer_ids, attention)
@@ -244,8 +228,8 @@ def _ttt_attend(q_BxTxNxH, keys, values, segment_ids_BxT, block: int = 512,
 
 def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, target_argmax, valid,
               in_draft, vocab, *, cfg: DraftConfig, k: int, block: int = 512,
-              attention: str = "xla", flash_blocks: FlashBlocks | None = None,
-              loss: str = "kl"):
+              attention: TrainAttention = TrainAttention.XLA,
+              flash_blocks: FlashBlocks | None = None, loss: str = "kl"):
     """Draft step k: returns (h, new key, new value, (masked loss [B,T], masked soft CE
     [B,T]), correct [B,T]); the CE is the loss itself under `loss="kl"`.
 
@@ -256,12 +240,13 @@ def _one_step(w, hidden, emb, positions, keys, values, segment_ids, probs, targe
     def across_steps(p: draft.Projected):
         """This step's keys join the earlier steps' (the "cache hidden" attention)."""
         with jax.named_scope("ttt_attention"):
-            if k == 0 and attention == "cudnn":
+            if k == 0 and attention == TrainAttention.CUDNN:
                 a = attend(p.q_BxTxNxH, p.k_BxTxKxH, p.v_BxTxKxH, causal_mask(segment_ids),
-                           attention)
+                           "cudnn")
             else:
                 a = _ttt_attend(p.q_BxTxNxH, [*keys, p.k_BxTxKxH], [*values, p.v_BxTxKxH],
-                                segment_ids, block, "pallas" if attention == "pallas" else "xla",
+                                segment_ids, block,
+                                "pallas" if attention == TrainAttention.PALLAS else "xla",
                                 flash_blocks)
         return a, (p.k_BxTxKxH, p.v_BxTxKxH)
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import importlib
 import io
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
+from eagle3kit.core import families
 from eagle3kit.errors import InputError, first_line
 from eagle3kit.io.gguf import open_reader
 from eagle3kit.io.hub import is_hub_id, snapshot
@@ -85,7 +87,7 @@ def _gguf_tokenizer(path: Path) -> Any:
         )
     except ImportError:
         fields = open_reader(path).fields
-        if fields.get("general.architecture") in _GEMMA_ARCHS:
+        if _tokenizer_class(fields.get("general.architecture")) == _GEMMA:
             return _gemma_tokenizer(fields)  # transformers' own build before 5.18 is wrong
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -165,12 +167,21 @@ def _gguf_build(path: str) -> tuple[type, Any, dict[str, Any]]:
     arch = meta["general.architecture"]
     backend, extra = convert_gguf_tokenizer(arch, tokenizer)
     cls = PreTrainedTokenizerFast
-    if arch in _GEMMA_ARCHS:  # AutoTokenizer's class for these model types
-        from transformers.models.gemma.tokenization_gemma import GemmaTokenizer as cls
+    named = _tokenizer_class(arch)
+    if named:  # AutoTokenizer's class for the family's model types
+        module, _, name = named.partition(":")
+        cls = getattr(importlib.import_module(module), name)
     return cls, backend, {**config, **extra}
 
 
-_GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
+def _tokenizer_class(arch: str | None) -> str | None:
+    """The transformers tokenizer class ("module:Class") a family names for the GGUF
+    architecture `arch` (`GGUF_TOKENIZER_ARCHS`); None: `PreTrainedTokenizerFast`."""
+    return next((f.tokenizer_class for f in families.families()
+                 if arch in f.gguf_tokenizer_archs), None)
+
+
+_GEMMA = "transformers.models.gemma.tokenization_gemma:GemmaTokenizer"
 
 
 def _gemma_tokenizer(fields: dict[str, Any]) -> Any:
@@ -245,40 +256,12 @@ def tokenizer_name(spec: str) -> str:
     return spec
 
 
-# Chat templates by name, for targets whose tokenizer has none (base models). Each renders a
-# string-content conversation exactly as the model family's own template does, and marks
-# the model's turns with {% generation %} (transformers' assistant-token masks).
-KNOWN_TEMPLATES = {
-    # Gemma (1, 2, 3): <start_of_turn>user|model ... <end_of_turn>; a system message is put
-    # before the first user message; contents trimmed; roles must alternate from user.
-    "gemma": """{{ bos_token }}
-{%- if messages[0]['role'] == 'system' -%}
-    {%- set prefix = messages[0]['content'] + '\n\n' -%}
-    {%- set turns = messages[1:] -%}
-{%- else -%}
-    {%- set prefix = '' -%}
-    {%- set turns = messages -%}
-{%- endif -%}
-{%- for message in turns -%}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
-        {{ raise_exception('roles must alternate user/assistant/user/...') }}
-    {%- endif -%}
-    {%- if message['role'] == 'assistant' -%}
-        {{ '<start_of_turn>model\n' }}
-        {%- generation -%}
-            {{ message['content'] | trim }}{{ '<end_of_turn>' }}
-        {%- endgeneration -%}
-        {{ '\n' }}
-    {%- else -%}
-        {{ '<start_of_turn>' + message['role'] + '\n' + (prefix if loop.first else '') }}
-        {{- message['content'] | trim }}{{ '<end_of_turn>\n' }}
-    {%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{ '<start_of_turn>model\n' }}
-{%- endif -%}
-""",
-}
+# Chat templates by name, for targets whose tokenizer has none (base models): each family's
+# (core/families, `CHAT_TEMPLATES`), rendering a string-content conversation exactly as the
+# family's own template does, with the model's turns marked by {% generation %}
+# (transformers' assistant-token masks).
+KNOWN_TEMPLATES = {name: template for family in families.families()
+                   for name, template in family.chat_templates.items()}
 TEMPLATE_OPTION = ("--chat-template FILE (a Jinja file or a JSON file with a chat_template) "
                    "or a known name: " + ", ".join(KNOWN_TEMPLATES))
 

@@ -1,7 +1,7 @@
 """Batched generation, plain or speculative: fixed cache rows, continuous refill, one host loop.
 
 The engine decodes up to C sequences at once. Its target KV cache holds C independent rows of
-S slots (`target.RowCache`, the only cache layout of the target): a row's keys sit at their
+S slots (`row_cache.RowCache`, the only cache layout of the target): a row's keys sit at their
 own RoPE positions, so every row has its own length, and a row that finishes takes the next
 pending request at once. Programs are compiled once per shape:
 
@@ -64,7 +64,7 @@ from jax.sharding import Mesh, NamedSharding
 from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import batch_ways, spec_for, use_mesh
-from eagle3kit.decode import draft_cache, speculative
+from eagle3kit.decode import draft_cache, row_cache, speculative
 from eagle3kit.decode.kv_attention import (  # noqa: F401 (read from here too)
     KV_ATTENTION,
     KVAttention,
@@ -95,7 +95,7 @@ class EngineConfig:
     seed: int = 0
     repetition: Repetition | None = None  # end answers that loop (None: never)
     attention: KVAttention = KVAttention.XLA  # how steps read the KV cache: XLA (a window
-    # sliced out) or PALLAS (core/ragged_attention: each row in place to its own length);
+    # sliced out) or PALLAS (decode/ragged_attention: each row in place to its own length);
     # jobs resolve --kv-attention into it once (decode/kv_attention.py)
 
     def __post_init__(self):  # "xla" or "pallas" given as a string: the typed value
@@ -184,7 +184,7 @@ def _prefill(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, tokens
     spec = drafting and Speculation(drafting[0], draft_w, vocab, drafting[1])
     p, t = tokens_PxT.shape
     positions = starts_P[:, None] + jnp.arange(t)[None, :]
-    out, cache = target.forward_rows(w, cfg, tokens_PxT, positions, cache, rows_B=rows_P,
+    out, cache = row_cache.forward_rows(w, cfg, tokens_PxT, positions, cache, rows_B=rows_P,
                                      window=window, prefill=first,
                                      aux_layer_ids=spec.dcfg.aux_layer_ids if spec else (),
                                      rows_impl=rows_impl)
@@ -250,7 +250,7 @@ def _decode(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
 
     def body(i, carry):
         cache, s, out = carry
-        o, cache = target.forward_rows(w, cfg, s.token[:, None], s.position[:, None], cache,
+        o, cache = row_cache.forward_rows(w, cfg, s.token[:, None], s.position[:, None], cache,
                                        window=window, rows_impl=rows_impl)
         s, out = decoded(w, o.hidden_BxTxD[:, 0], s, out, i, base_key, stop_ids, sampling)
         return cache, s, out
@@ -330,7 +330,7 @@ def _allocators(mesh: Mesh) -> Any:
     an eval builds one per batch size and drafting shape)."""
     rows = NamedSharding(mesh, spec_for(("batch",)))  # rows split, the rest whole
     return types.SimpleNamespace(
-        cache=jax.jit(target.RowCache.zeros, static_argnums=(0, 1, 2, 3),
+        cache=jax.jit(row_cache.RowCache.zeros, static_argnums=(0, 1, 2, 3),
                       out_shardings=NamedSharding(mesh, spec_for(("batch", None, "act_heads",
                                                                   None)))),
         state=jax.jit(RowState.empty, static_argnums=(0, 1, 2), out_shardings=rows),
@@ -339,12 +339,12 @@ def _allocators(mesh: Mesh) -> Any:
 
 
 @functools.partial(jax.jit, donate_argnums=0)
-def _copy_rows(cache: target.RowCache, src_P, dst_P) -> target.RowCache:
+def _copy_rows(cache: row_cache.RowCache, src_P, dst_P) -> row_cache.RowCache:
     """Cache row src_P[p] copied whole into row dst_P[p] (C: padding, dropped)."""
     def move(x):
         return x.at[dst_P].set(x[src_P], mode="drop")
 
-    return target.RowCache([move(k) for k in cache.k], [move(v) for v in cache.v])
+    return row_cache.RowCache([move(k) for k in cache.k], [move(v) for v in cache.v])
 
 
 @functools.cache

@@ -4,7 +4,7 @@ checked and resolved here, once a job knows its devices, into the `KVAttention` 
 before loading anything).
 
 xla: each step slices the window of every row out of the cache, on any backend and mesh.
-pallas: the ragged kernel (core/ragged_attention.py) reads each row in place up to its own
+pallas: the ragged kernel (decode/ragged_attention.py) reads each row in place up to its own
 length, on one device. auto: the kernel on one GPU, where it is the faster of the two
 (docs/benchmarks.md), XLA elsewhere.
 """

@@ -55,16 +55,17 @@ import numpy as np
 
 from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
+from eagle3kit.decode import row_cache
 from eagle3kit.decode.engine import RowState, decoded, logits, run_steps
 from eagle3kit.decode.sampling import Sampling, is_stop, request_keys, sample
 
 
 @dataclasses.dataclass(frozen=True)
-class TwoGroups(target.RowAttention):
+class TwoGroups(row_cache.RowAttention):
     """The attention of a mixed step: this RowAttention is group A (the C rows' newest
     tokens, rows_B None), `pieces` group B; q, k, v arrive as one flat run [1, C + G*T]."""
 
-    pieces: target.RowAttention | None = None
+    pieces: row_cache.RowAttention | None = None
 
     def __call__(self, q, k, v, layer: int, sinks):
         c = self.prefix_B.shape[0]
@@ -80,8 +81,8 @@ class TwoGroups(target.RowAttention):
 
 
 def forward(w: target.LayerList, cfg: TargetConfig, state: RowState, tokens_GxT, rows_G,
-            starts_G, cache: target.RowCache, *, window: int, rows_impl: str
-            ) -> tuple[jax.Array, jax.Array, target.RowCache]:
+            starts_G, cache: row_cache.RowCache, *, window: int, rows_impl: str
+            ) -> tuple[jax.Array, jax.Array, row_cache.RowCache]:
     """One mixed step's forward -> (hidden [C,D] of the rows' newest tokens, hidden [G,T,D]
     of the pieces, cache). Piece g is tokens_GxT[g] at slots starts_G[g].. of row rows_G[g]
     (C: padding, nothing written)."""
@@ -92,13 +93,13 @@ def forward(w: target.LayerList, cfg: TargetConfig, state: RowState, tokens_GxT,
     positions = jnp.concatenate([state.position, positions_GxT.reshape(-1)])[None]
     ks, vs = list(cache.k), list(cache.v)
     matmul = "pallas" if rows_impl == "pallas" and jax.default_backend() == "gpu" else "xla"
-    pieces = target.RowAttention(cfg, ks, vs, rows_G, starts_G, positions_GxT, None, window,
+    pieces = row_cache.RowAttention(cfg, ks, vs, rows_G, starts_G, positions_GxT, None, window,
                                  rows_impl=rows_impl, matmul_impl=matmul)
     attention = TwoGroups(cfg, ks, vs, None, state.position, state.position[:, None], None,
                           window, rows_impl=rows_impl, matmul_impl=matmul, pieces=pieces)
-    out = target._loop_layers(w, cfg, tokens, positions, attention)
+    out = target.loop_layers(w, cfg, tokens, positions, attention)
     hidden = out.hidden_BxTxD[0]
-    return hidden[:c], hidden[c:].reshape(g, t, -1), target.RowCache(ks, vs)
+    return hidden[:c], hidden[c:].reshape(g, t, -1), row_cache.RowCache(ks, vs)
 
 
 @jax.tree_util.register_dataclass
@@ -171,7 +172,7 @@ def mixed_program(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, w
 
     def body(j, carry):
         cache, s, out = carry
-        o, cache = target.forward_rows(w, cfg, s.token[:, None], s.position[:, None], cache,
+        o, cache = row_cache.forward_rows(w, cfg, s.token[:, None], s.position[:, None], cache,
                                        window=window, rows_impl=rows_impl)
         s, out = decoded(w, o.hidden_BxTxD[:, 0], s, out, i + j, base_key, stop_ids, sampling)
         return cache, s, out

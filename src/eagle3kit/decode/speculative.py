@@ -5,7 +5,7 @@ One verify step of every row (committed x_0..x_n, x_n the row's newest token, at
     1. the draft proposes d_1..d_K as a chain from column n-1 (decode/draft_cache.py), or a
        tree of N nodes under x_n (decode/tree.py);
     2. the target runs every row's [x_n, d_1..d_K] (or the tree's N tokens, each at position
-       n + depth under its ancestors' mask) in ONE batched `target.forward_rows`, the new
+       n + depth under its ancestors' mask) in ONE batched `row_cache.forward_rows`, the new
        keys written at slots n..n+K of the row;
     3. per row, the longest agreeing prefix d_1..d_a is accepted, plus one token of the
        target's own (at temperature 0 its argmax after d_a: the output equals plain greedy
@@ -37,8 +37,8 @@ import jax.numpy as jnp
 from eagle3kit.core import draft, target
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.sharding import RULES
-from eagle3kit.core.ttt import VocabArrays
-from eagle3kit.decode import draft_cache, tree
+from eagle3kit.core.vocab_arrays import VocabArrays
+from eagle3kit.decode import draft_cache, row_cache, tree
 from eagle3kit.decode.sampling import pick
 
 
@@ -165,7 +165,7 @@ def extend_rows(spec: Speculation, target_w, aux_CxTxA, next_CxT, start_C, h_at_
 
 
 def verify_rows(spec: Speculation, tcfg: TargetConfig, target_w: target.LayerList,
-                tcache: target.RowCache, dcache: draft_cache.DraftKV, token_C, n_C, h_C,
+                tcache: row_cache.RowCache, dcache: draft_cache.DraftKV, token_C, n_C, h_C,
                 keys_C, *, window: int, data: int, rows_impl: str = "xla"):
     """One verify step of every row (module docstring) -> (new tokens [C, K+1] (new[j] is
     x_{n+j+1}, valid for j <= a), accepted a [C], the draft's h of column n+a [C,1,D],
@@ -195,7 +195,7 @@ def verify_rows(spec: Speculation, tcfg: TargetConfig, target_w: target.LayerLis
             ids = vocab.draft_to_target[idx]
             tokens = jnp.concatenate([token_C[:, None], ids], axis=1)
             positions, block = n_C[:, None] + jnp.arange(dec.steps + 1)[None, :], None
-    out, tcache = target.forward_rows(target_w, tcfg, tokens, positions, tcache, prefix_B=n_C,
+    out, tcache = row_cache.forward_rows(target_w, tcfg, tokens, positions, tcache, prefix_B=n_C,
                                       block_mask_BxTxT=block, window=window,
                                       aux_layer_ids=dcfg.aux_layer_ids, rows_impl=rows_impl)
     with jax.named_scope("lm_head"):

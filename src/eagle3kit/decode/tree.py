@@ -15,7 +15,7 @@ Of the k + (S-1)*k*k candidates the N-1 best by score become the tree, under the
 its parent and ties go to the lower index, which a parent always has, so the kept set holds
 every ancestor of every node it holds. Nodes are ordered by candidate index: parents first.
 
-The target verifies the N tokens in one forward (`target.forward_rows`, the engine's verify):
+The target verifies the N tokens in one forward (`row_cache.forward_rows`, the engine's verify):
 node t's keys go to slot n + t, its RoPE position is n + depth(t), and it sees the committed
 prefix plus its ancestors and itself (`ancestors_NxN`, the block mask over the new tokens). At temperature 0
 the accepted path is the deepest node whose every node equals the target's argmax after its
@@ -43,7 +43,8 @@ import jax.numpy as jnp
 from eagle3kit.core import draft, target
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import attend
-from eagle3kit.core.ttt import VocabArrays
+from eagle3kit.core.vocab_arrays import VocabArrays
+from eagle3kit.decode import row_cache
 from eagle3kit.decode.draft_cache import DraftKV
 
 
@@ -177,8 +178,8 @@ def _inverse_cdf(weights_V: jax.Array, u: jax.Array) -> jax.Array:
     return jnp.minimum(count, last_positive).astype(jnp.int32)
 
 
-def commit_paths(cache: target.RowCache, path_CxP: jax.Array, start_C: jax.Array
-                 ) -> target.RowCache:
+def commit_paths(cache: row_cache.RowCache, path_CxP: jax.Array, start_C: jax.Array
+                 ) -> row_cache.RowCache:
     """Moves the keys of each row's accepted path (slots start+path[j]) to slots start+j,
     in every layer (row c of the cache is batch row c). Slots past the accepted depth get
     the root's keys again: never read, overwritten by the next verify."""
@@ -189,7 +190,7 @@ def commit_paths(cache: target.RowCache, path_CxP: jax.Array, start_C: jax.Array
     def move(x):  # C,S,Kv,H; path[j] >= j, so reading all before writing is safe
         return x.at[rows, dst].set(x[rows, src], mode="drop")
 
-    return target.RowCache([move(k) for k in cache.k], [move(v) for v in cache.v])
+    return row_cache.RowCache([move(k) for k in cache.k], [move(v) for v in cache.v])
 
 
 # ---- drafting -------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ was not; nothing is invented.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from pathlib import Path
@@ -23,8 +22,8 @@ from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.data.records import display_name, open_input
 from eagle3kit.errors import InputError, MismatchError
 from eagle3kit.formats import common, registry
-from eagle3kit.formats.registry import Serving
 from eagle3kit.hub import sections
+from eagle3kit.hub.inputs import CardInputs, EvalResult
 from eagle3kit.io.hub import is_hub_id
 
 # The first line of the body: lets `push` tell its own card from one a user wrote.
@@ -41,41 +40,6 @@ _LICENSES = [
     (r"^mistralai/Mistral-7B", "apache-2.0"), (r"^openai/gpt-oss-", "apache-2.0"),
     (r"^google/gemma-3-", "gemma"),
 ]
-
-
-class EvalResult(msgspec.Struct, forbid_unknown_fields=False):
-    """What `eagle3kit eval --json` prints; every field optional so older files still render."""
-
-    mode: str = "teacher-forced"  # or "generate"
-    dataset: str = ""
-    acc: list[float] = []
-    cond_acc: list[float] = []
-    accept_rate: list[float] = []  # generate: share of verify steps accepting token k
-    tau: float | None = None
-    tau_generate: float | None = None  # = tau_pooled (the older name)
-    tau_pooled: float | None = None
-    tau_per_request_mean: float | None = None
-    speedup: float | None = None
-    tokens_per_s_speculative: float | None = None
-    tokens_per_s_baseline: float | None = None
-    device: str | None = None
-    steps: int | None = None
-    topk: int | None = None  # generate: tree drafting (1 or absent: a chain)
-    draft_tokens: int | None = None
-    temperature: float | None = None
-    masked_tokens: int | None = None
-    prompts: int | None = None
-    max_new_tokens: int | None = None
-    # generate --concurrency / --sweep (jobs/eval_batched.py): one entry per batch size
-    # (and drafting shape), the fastest shape per batch size, the fastest chain per size
-    concurrency: list[dict[str, Any]] = []
-    sweep: list[dict[str, Any]] = []
-    best: dict[str, dict[str, Any]] = {}
-    best_chain: dict[str, dict[str, Any]] = {}
-    # provenance: the draft measured, as given to eval, and its digest (formats.common)
-    draft: str | None = None
-    draft_digest: str | None = None
-    origin: str = ""  # the file it was read from (set by load_evals)
 
 
 # What every `eval --json` result carries (older ones too); a train metrics.jsonl row or any
@@ -120,26 +84,6 @@ def _eval_result(obj: object, where: str, line: int | None) -> EvalResult:
         raise InputError(f"not an eval result (mode {result.mode!r}, {len(result.acc)} acc "
                          "values)", path=where, line=line)
     return msgspec.structs.replace(result, origin=where)
-
-
-@dataclasses.dataclass
-class CardInputs:
-    """Everything the card shows, read from an export directory."""
-
-    repo_id: str
-    engine_format: str  # a registered format's name: "sglang", "speculators", ...
-    target_name: str
-    target: TargetConfig
-    draft: DraftConfig
-    training: dict[str, Any]
-    dtype: str
-    speculative_tokens: int
-    files: list[tuple[str, int]]
-    serving: Serving  # what the format says engines load (formats/registry.py)
-    evals: list[EvalResult] = dataclasses.field(default_factory=list)
-    license: str | None = None
-    source: str = ""
-    serve_dtype: str = "bfloat16"  # the target's own dtype, for the engines' --dtype
 
 
 def read_export(export_dir: str | os.PathLike) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The sections of the model card, one function each, from `card.CardInputs`.
+"""The sections of the model card, one function each, from `inputs.CardInputs`.
 
 Tables show what the export recorded and skip what it did not: a training run fills
 `Draft.training` with keys such as epochs, lr, batch_size, seq_len, grad_accum, ttt_length,
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eagle3kit import __version__
 from eagle3kit.core import arches
-
-if TYPE_CHECKING:
-    from eagle3kit.hub.card import CardInputs, EvalResult
+from eagle3kit.hub.inputs import CardInputs, EvalResult
 
 # Training keys shown in a row of their own or folded into one; other keys render as-is,
 # except the run's bookkeeping (local paths, logging and checkpoint cadence), which says

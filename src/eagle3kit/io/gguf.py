@@ -7,9 +7,8 @@ safetensors copy of one model give the same weights: Llama-family Q and K projec
 stored with the rotary halves interleaved (permuted back here), and Gemma's norms are stored
 as `1 + w` (the HF weight is `w`; its RMSNorm multiplies by `1 + w`).
 
-Gemma-3's GGUF header carries fewer hyper-parameters than its config.json; the rest is what
-llama.cpp's loader assumes for `gemma3`: five sliding-window layers to one global layer, a
-local rope base of 10,000, and queries scaled by head_dim^-1/2 (hidden/heads for the 27B).
+A family (core/families) says which GGUF architecture it is, which of those conventions it
+carries, its own tensor names and the config.json fields its header lacks (Gemma-3's).
 """
 
 from __future__ import annotations
@@ -26,12 +25,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from eagle3kit.core import families
 from eagle3kit.errors import InputError
-
-# GGUF architecture -> HF model_type
-_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
-_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-            "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 # GGUF tensor name -> HF tensor name
 _NAMES = [
@@ -52,23 +47,9 @@ _NAMES = [
 ]
 
 
-# Gemma's four norms per layer: attn_norm and ffn_norm are the pre-norms, the post_ norms
-# norm the attention and MLP outputs. Looked up before _NAMES.
-_GEMMA_NAMES = [
-    (r"blk\.(\d+)\.ffn_norm\.weight", r"model.layers.\1.pre_feedforward_layernorm.weight"),
-    (r"blk\.(\d+)\.post_attention_norm\.weight",
-     r"model.layers.\1.post_attention_layernorm.weight"),
-    (r"blk\.(\d+)\.post_ffw_norm\.weight", r"model.layers.\1.post_feedforward_layernorm.weight"),
-]
-_ARCH_NAMES = {"gemma3": _GEMMA_NAMES}
-
-# what llama.cpp's loader assumes for gemma3 when the header does not say
-GEMMA3_SLIDING_PATTERN = 6  # layers 6k+5 are global, the five before each sliding
-GEMMA3_LOCAL_ROPE_BASE = 10000.0
-
-
-def _hf_name(name: str, arch: str = "") -> str | None:
-    for pattern, repl in _ARCH_NAMES.get(arch, []) + _NAMES:
+def _hf_name(name: str, family: families.registry.Family | None = None) -> str | None:
+    """The HF name of GGUF tensor `name`: the family's own names first, then `_NAMES`."""
+    for pattern, repl in (family.gguf_names if family else []) + _NAMES:
         if re.fullmatch(pattern, name):
             return re.sub(pattern, repl, name)
     return None
@@ -234,13 +215,14 @@ class GGUFCheckpoint:
         except Exception as e:  # gguf raises ValueError/struct errors on a bad file
             raise InputError(f"not a readable GGUF file ({e})", path=self.path) from None
         arch = _field(self.reader, "general.architecture")
-        if arch not in _ARCHS:
+        family = families.by_gguf_arch(arch)
+        if family is None:
             raise InputError(f"unsupported GGUF architecture {arch!r}; supported: "
-                             + ", ".join(_ARCHS), path=self.path)
-        self.arch = arch
+                             + ", ".join(families.registry.gguf_archs()), path=self.path)
+        self.arch, self.family = arch, family
         self._tensors = {}
         for t in self.reader.tensors:
-            hf = _hf_name(t.name, arch)
+            hf = _hf_name(t.name, family)
             if hf is None:
                 if t.name == "rope_freqs.weight":
                     raise InputError("GGUF with baked rope_freqs (Llama-3.1 rope scaling) is not "
@@ -261,8 +243,8 @@ class GGUFCheckpoint:
         vocab = int(get("vocab_size", embed.dims[-1]))
         head_dim = int(get("attention.key_length", hidden // heads))
         cfg: dict[str, Any] = {
-            "architectures": [_CLASSES[a]],
-            "model_type": _ARCHS[a],
+            "architectures": [self.family.model_types[self.family.gguf_model_type]],
+            "model_type": self.family.gguf_model_type,
             "vocab_size": vocab,
             "hidden_size": hidden,
             "intermediate_size": int(get("feed_forward_length")),
@@ -279,42 +261,11 @@ class GGUFCheckpoint:
             "_name_or_path": str(self.path),
         }
         scaling = get("rope.scaling.type")
-        if a == "gemma3":
-            cfg.update(self._gemma3_config(get, scaling))
+        if self.family.gguf_config is not None:
+            cfg.update(self.family.gguf_config(get, scaling, self.path))
         elif scaling not in (None, "none"):
             raise InputError(f"GGUF rope scaling {scaling!r} is not supported", path=self.path)
         return cfg
-
-    def _gemma3_config(self, get, scaling) -> dict[str, Any]:
-        """The Gemma-3 fields of config.json, from the header or llama.cpp's assumptions."""
-        n = int(get("block_count"))
-        pattern = get("attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
-        if isinstance(pattern, list):  # one bool per layer: sliding or not
-            sliding = [bool(x) for x in pattern]
-        else:
-            sliding = [(i + 1) % int(pattern) != 0 for i in range(n)]
-        if scaling not in (None, "none", "linear"):
-            raise InputError(f"GGUF rope scaling {scaling!r} is not supported for gemma3 "
-                             "(supported: linear)", path=self.path)
-        full: dict[str, Any] = {"rope_type": "default",
-                                "rope_theta": float(get("rope.freq_base", 1000000.0))}
-        if scaling == "linear":
-            full.update(rope_type="linear", factor=float(get("rope.scaling.factor", 1.0)))
-        hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-        head_dim = int(get("attention.key_length", hidden // heads))
-        return {
-            "sliding_window": int(get("attention.sliding_window")),
-            "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
-            "rope_parameters": {
-                "full_attention": full,
-                "sliding_attention": {"rope_type": "default", "rope_theta": float(
-                    get("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))}},
-            # llama.cpp: the 27B (62 layers) scales by hidden/heads, the others by head_dim
-            "query_pre_attn_scalar": hidden // heads if n == 62 else head_dim,
-            "final_logit_softcapping": get("final_logit_softcapping"),
-            "attn_logit_softcapping": get("attn_logit_softcapping"),
-            "hidden_activation": "gelu_pytorch_tanh",
-        }
 
     @property
     def names(self) -> list[str]:
@@ -358,9 +309,9 @@ class GGUFCheckpoint:
 
     def _fix(self, name: str) -> tuple:
         """What `get` does after dequantising `name`, as a hashable description."""
-        if self.arch == "gemma3" and name.endswith("norm.weight"):
+        if self.family.gguf_norms_plus_one and name.endswith("norm.weight"):
             return ("minus_one",)
-        if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if self.family.gguf_rotary_permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
             key = "num_key_value_heads" if name.endswith("k_proj.weight") else \
                 "num_attention_heads"
             return ("rotary", self.config[key])

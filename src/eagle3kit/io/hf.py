@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from eagle3kit.core import families
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import ArrayInfo, is_info, shardings
 from eagle3kit.core.target import TargetWeights
@@ -195,32 +196,17 @@ KEY_TABLE: dict[str, tuple[str, Callable]] = {
     "experts.up": ("model.layers.{i}.mlp.experts.{j}.up_proj.weight", _experts),
     "experts.down": ("model.layers.{i}.mlp.experts.{j}.down_proj.weight", _experts),
 }
-# Per-family differences from the table above.
-_FAMILY_KEYS: dict[str, dict[str, tuple[str, Callable]]] = {
-    # Gemma's post_attention_layernorm norms the attention output; the MLP's input norm is
-    # pre_feedforward_layernorm
-    "gemma3": {
-        "layers.mlp_norm": ("model.layers.{i}.pre_feedforward_layernorm.weight", _same),
-        "layers.post_attn_norm": ("model.layers.{i}.post_attention_layernorm.weight", _same),
-        "layers.post_mlp_norm": ("model.layers.{i}.post_feedforward_layernorm.weight", _same),
-    },
-    # gpt-oss: fused 3-D expert parameters in (in, out) layout (MXFP4 `_blocks`/`_scales`
-    # pairs read as these names, see io/mxfp4.py)
-    "gpt_oss": {
-        "experts.router": ("model.layers.{i}.mlp.router.weight", _router),
-        "experts.router_bias": ("model.layers.{i}.mlp.router.bias", _same),
-        "experts.gate": ("model.layers.{i}.mlp.experts.gate_up_proj", _interleaved(0)),
-        "experts.up": ("model.layers.{i}.mlp.experts.gate_up_proj", _interleaved(1)),
-        "experts.down": ("model.layers.{i}.mlp.experts.down_proj", _same),
-        "experts.gate_bias": ("model.layers.{i}.mlp.experts.gate_up_proj_bias", _interleaved(0)),
-        "experts.up_bias": ("model.layers.{i}.mlp.experts.gate_up_proj_bias", _interleaved(1)),
-        "experts.down_bias": ("model.layers.{i}.mlp.experts.down_proj_bias", _same),
-    },
-}
+# The transforms a family's `HF_KEYS` name (core/families): where its weights differ from
+# the table above.
+TRANSFORMS: dict[str, Callable] = {"same": _same, "router": _router,
+                                   "even": _interleaved(0), "odd": _interleaved(1)}
 
 
 def key_table(cfg: TargetConfig) -> dict[str, tuple[str, Callable]]:
-    return {**KEY_TABLE, **_FAMILY_KEYS.get(cfg.family, {})}
+    """KEY_TABLE with the family's own names (`HF_KEYS`) in place."""
+    own = {path: (name, TRANSFORMS[transform])
+           for path, (name, transform) in families.get(cfg.family).hf_keys.items()}
+    return {**KEY_TABLE, **own}
 
 
 def _layer_ids(cfg: TargetConfig, key: str) -> list[int]:
@@ -248,7 +234,8 @@ def load_target(ckpt: TargetCheckpoint, mesh: Mesh, dtype: Any = jnp.bfloat16) -
     many tensors: one per layer (`{i}`) and, for Qwen3-MoE, one per expert (`{j}`).
     """
     cfg = ckpt.config
-    src = Mxfp4Source(ckpt.source, ckpt.path) if cfg.family == "gpt_oss" else ckpt.source
+    mxfp4 = "mxfp4" in families.get(cfg.family).quantisations
+    src = Mxfp4Source(ckpt.source, ckpt.path) if mxfp4 else ckpt.source
     abstract = TargetWeights.abstract(cfg, dtype)
     shards = shardings(abstract, mesh)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract, is_leaf=is_info)

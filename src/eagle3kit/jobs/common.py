@@ -15,10 +15,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from eagle3kit.core import ttt
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.metrics import StepCounts, summarize
 from eagle3kit.core.vocab import VocabMap
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.data.fingerprint import Fingerprint, require_same, tokenizer_fingerprint
 from eagle3kit.data.packing import TokenDocs, pack_epoch
 from eagle3kit.errors import (
@@ -235,7 +235,7 @@ def read_docs(path: str | os.PathLike, tokenizer_key: str, seq_len: int) -> Toke
     return docs
 
 
-def teacher_forced(trainer, params, target_w, vocab: ttt.VocabArrays, docs: TokenDocs,
+def teacher_forced(trainer, params, target_w, vocab: VocabArrays, docs: TokenDocs,
                    rows: int, seq_len: int, progress: Any = None) -> dict[str, Any]:
     """Acceptance of `params` on `docs` (packed rows, no gradient): acc_k, cond_acc_k, tau.
 

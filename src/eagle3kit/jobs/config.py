@@ -16,13 +16,13 @@ import math
 import os
 from typing import Any
 
-from eagle3kit.core import arches
+from eagle3kit.core import arches, train_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.errors import UserError
 from eagle3kit.io import dtypes
 
 COMPUTE_DTYPES = dtypes.COMPUTE  # names of --dtype / --target-dtype
-ATTENTION = ("auto", "xla", "cudnn", "pallas")  # attention kernels (core.layers.resolve_attention)
+ATTENTION = train_attention.CHOICES  # --attention's (resolved by core/train_attention.py)
 LOSSES = ("kl", "tv", "nla", "lk-hybrid", "jsd")  # --loss (core/losses.py, docs/losses.md)
 POSITION_WEIGHTS = ("geometric", "verify")  # --position-weights (core/losses.py)
 

@@ -25,10 +25,11 @@ import jax.numpy as jnp
 
 from eagle3kit.core import arches, target, ttt
 from eagle3kit.core import draft as draft_lib
-from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.optim import OptimConfig
 from eagle3kit.core.sharding import batch_ways, make_mesh, parse_mesh_spec
+from eagle3kit.core.train_attention import check_attention, resolve_attention
 from eagle3kit.core.trainer import Trainer
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.data.chat import Renderer
 from eagle3kit.data.fingerprint import Fingerprint
 from eagle3kit.data.packing import TokenDocs
@@ -45,7 +46,7 @@ from eagle3kit.formats.common import draft_digest
 from eagle3kit.io.atomic import open_output
 from eagle3kit.io.hf import TargetCheckpoint, load_target, resolve_target
 from eagle3kit.jobs import common, eval_batched
-from eagle3kit.jobs.config import ATTENTION, TTTSettings
+from eagle3kit.jobs.config import TTTSettings
 from eagle3kit.jobs.progress import Progress
 
 MODES = ("teacher-forced", "generate")
@@ -117,8 +118,7 @@ def check_config(cfg: EvalConfig) -> None:
     for name, value in (("--dtype", cfg.dtype), ("--target-dtype", cfg.target_dtype)):
         if value not in common.DTYPES:
             raise UserError(f"{name} {value!r}: choose {' or '.join(common.DTYPES)}")
-    if cfg.attention not in ATTENTION:
-        raise UserError(f"--attention {cfg.attention!r}: choose {', '.join(ATTENTION)}")
+    check_attention(cfg.attention)
     if cfg.steps is not None and not 1 <= cfg.steps <= 64:
         raise UserError(f"--steps {cfg.steps}: must be in 1..64")
     if cfg.temperature < 0:
@@ -197,11 +197,11 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
     target_w = target.unstack_in_place(load_target(ckpt, mesh, target_dtype), tcfg)
     trainer = Trainer(tcfg, draft.config, ttt.TTTConfig(
         cfg.steps, TTTSettings().decay, dtype,
-        resolve_attention(cfg.attention, target_dtype, dtype)),
+        resolve_attention(cfg.attention, jax.default_backend(), target_dtype, dtype)),
         OptimConfig(), mesh)
     params = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), draft.weights),
                             trainer.param_shardings)
-    vocab_dev = jax.device_put(ttt.VocabArrays.from_map(vocab), trainer.replicated)
+    vocab_dev = jax.device_put(VocabArrays.from_map(vocab), trainer.replicated)
     console.print(f"eval: draft {cfg.draft} on {tcfg.name} "
                   f"({jax.device_count()} x {_device()}; weights loaded in "
                   f"{time.perf_counter() - t0:.1f}s)")

@@ -24,11 +24,12 @@ import numpy as np
 
 from eagle3kit.core import arches, target, ttt
 from eagle3kit.core.config import DraftConfig
-from eagle3kit.core.layers import resolve_attention
 from eagle3kit.core.metrics import summarize
 from eagle3kit.core.sharding import batch_ways, make_mesh, shardings, to_host
 from eagle3kit.core.target import TargetWeights
+from eagle3kit.core.train_attention import resolve_attention
 from eagle3kit.core.trainer import Trainer, put_batch
+from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.data.fingerprint import require_same
 from eagle3kit.data.packing import pack_epoch
 from eagle3kit.errors import (
@@ -154,7 +155,8 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     planned_steps = epoch_batches * cfg.epochs
     total_steps = min(planned_steps, cfg.max_steps or planned_steps)
     ttt_cfg = ttt.TTTConfig(cfg.ttt.steps, cfg.ttt.decay, common.DTYPES[cfg.dtype],
-                            resolve_attention(cfg.attention, common.DTYPES[cfg.target_dtype],
+                            resolve_attention(cfg.attention, jax.default_backend(),
+                                              common.DTYPES[cfg.target_dtype],
                                               common.DTYPES[cfg.dtype]),
                             loss=cfg.ttt.loss, position_weights=cfg.ttt.position_weights,
                             anchors=cfg.anchors)
@@ -163,7 +165,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
     # per-layer arrays: the scan over stacked layers would copy each layer's weights per step
     target_w = target.unstack_in_place(
         load_target(setup.ckpt, mesh, common.DTYPES[cfg.target_dtype]), tcfg, fuse=False)
-    vocab_dev = jax.device_put(ttt.VocabArrays.from_map(setup.vocab), trainer.replicated)
+    vocab_dev = jax.device_put(VocabArrays.from_map(setup.vocab), trainer.replicated)
     state, step, epoch, position, elapsed_before = _initial_state(cfg, trainer, out,
                                                                   setup.init, console,
                                                                   target_w, vocab_dev)

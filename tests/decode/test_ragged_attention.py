@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eagle3kit.core.ragged_attention import RaggedBlocks, attend_rows
+from eagle3kit.decode.ragged_attention import RaggedBlocks, attend_rows
 from tests import triton_lowering
 
 TOL = dict(rtol=2e-5, atol=2e-5)

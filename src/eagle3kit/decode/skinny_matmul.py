@@ -5,7 +5,7 @@ a GPU's bandwidth feeds its tensor cores, so its time is w's bytes over the band
 kernel streams w once: each program owns `block_n` output columns and a 1/split share of K,
 walks its share in `block_k` steps (the loads pipelined `num_stages` deep) and accumulates
 in fp32; the splits' partial sums are added afterwards. Triton on GPUs, Pallas' interpreter
-elsewhere (the CPU tests). A decode step on one GPU (`target.forward_rows`, matmul_impl
+elsewhere (the CPU tests). A decode step on one GPU (`row_cache.forward_rows`, matmul_impl
 "pallas") runs q|k|v, o_proj and the MLP's down projection through it where it `pays`:
 `MIN_ROWS` to `MAX_ROWS` rows and weights of `MIN_BYTES` or more (an 8B target's, not SmolLM2's);
 benchmarks/decode_matmuls.py times it against XLA's matmuls.

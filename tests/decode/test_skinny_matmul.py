@@ -1,4 +1,4 @@
-"""core/skinny_matmul: the few-row matmul kernel (Pallas' interpreter on CPU) against a float64
+"""decode/skinny_matmul: the few-row matmul kernel (Pallas' interpreter on CPU) against a float64
 product, and a decode step through it (`forward_rows(matmul_impl="pallas")`) against the same
 step through XLA's matmuls. fp32 throughout: the two differ only in summation order."""
 
@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eagle3kit.core import skinny_matmul, target
+from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import init_weights
-from eagle3kit.core.skinny_matmul import MAX_ROWS, MIN_ROWS, SkinnyBlocks, fits, pays
+from eagle3kit.decode import row_cache, skinny_matmul
+from eagle3kit.decode.skinny_matmul import MAX_ROWS, MIN_ROWS, SkinnyBlocks, fits, pays
 from tests import triton_lowering
 
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -66,10 +67,10 @@ def test_a_decode_step_through_the_kernel_equals_the_full_forward(monkeypatch):
     prompt = rng.integers(0, 256, (3, 13))
     tokens = rng.integers(0, 256, (2, 3, 1))
     for impl in ("xla", "pallas"):
-        step = jax.jit(lambda t, p, c, prefix, prefill, impl=impl: target.forward_rows(
+        step = jax.jit(lambda t, p, c, prefix, prefill, impl=impl: row_cache.forward_rows(
             layers, cfg, t, p, c, prefix_B=prefix, prefill=prefill, window=32,
             matmul_impl=impl), static_argnums=4)
-        cache = target.RowCache.zeros(cfg, 3, 32, jnp.float32)
+        cache = row_cache.RowCache.zeros(cfg, 3, 32, jnp.float32)
         _, cache = step(jnp.asarray(prompt), jnp.broadcast_to(jnp.arange(13), (3, 13)), cache,
                         jnp.zeros(3, jnp.int32), True)
         jaxpr = str(jax.make_jaxpr(step, static_argnums=4)(
