@@ -166,3 +166,6 @@ def loss_fn(params: dflash.DFlashWeights, target_w: target.TargetWeights, batch:
     wanted = slot_targets(sig.argmax_BxT[..., None], cols, n)[..., 0]
     counts = block_counts(logits, wanted, trained, ce, vocab.draft_to_target)
     return loss, counts
+
+
+loss_denominators = valid_counts  # the trainer's name for it (core/trainer.py)

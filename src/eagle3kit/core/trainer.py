@@ -30,6 +30,7 @@ from eagle3kit.core.metrics import StepCounts
 from eagle3kit.core.optim import OptimConfig, make_optimizer, schedule
 from eagle3kit.core.sharding import init_weights, shardings, spec_for, use_mesh
 from eagle3kit.core.vocab_arrays import VocabArrays
+from eagle3kit.named import imported
 
 
 @jax.tree_util.register_dataclass
@@ -63,6 +64,8 @@ class Trainer:
         # a method that trains otherwise than EAGLE-3's rollout (core/ttt.py) names its own
         # loss, denominators and number of metric steps (DFlash: core/dflash.py)
         self.method = arches.method_module(dcfg.method)
+        # its loss may live in a training module of its own (TRAINING, a dotted name)
+        self.training = imported(getattr(self.method, "TRAINING", self.method))
         if hasattr(self.method, "metric_steps"):
             ttt_cfg = dataclasses.replace(ttt_cfg, steps=self.method.metric_steps(dcfg))
         self.tcfg, self.dcfg, self.ttt, self.optim, self.mesh = tcfg, dcfg, ttt_cfg, optim, mesh
@@ -114,11 +117,11 @@ class Trainer:
 
     def _loss(self):
         # a method with its own rollout (core/arches.py) brings its loss; EAGLE-3's is TTT's
-        loss_fn = getattr(self.method, "loss_fn", ttt.loss_fn)
+        loss_fn = getattr(self.training, "loss_fn", ttt.loss_fn)
         return functools.partial(loss_fn, tcfg=self.tcfg, dcfg=self.dcfg, ttt=self.ttt)
 
     def _denominators(self, batch: ttt.Batch) -> jax.Array:
-        own = getattr(self.method, "loss_denominators", None)
+        own = getattr(self.training, "loss_denominators", None)
         if own is not None:
             return own(batch, self.dcfg, self.ttt)
         return ttt.valid_counts(batch, self.ttt.steps)

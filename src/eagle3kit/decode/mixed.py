@@ -56,8 +56,8 @@ import numpy as np
 from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.decode import row_cache
-from eagle3kit.decode.engine import RowState, decoded, logits, run_steps
 from eagle3kit.decode.sampling import Sampling, is_stop, request_keys, sample
+from eagle3kit.decode.steps import RowState, decoded, logits, run_steps
 
 
 @dataclasses.dataclass(frozen=True)
