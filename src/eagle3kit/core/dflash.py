@@ -39,6 +39,7 @@ from eagle3kit.core.arches import Key
 from eagle3kit.core.config import DraftConfig
 from eagle3kit.core.layers import MASKED, rms_norm, rope, swiglu
 from eagle3kit.core.sharding import ArrayInfo, fan_in_init, init_weights, ones_init
+from eagle3kit.errors import UserError
 
 
 @jax.tree_util.register_dataclass
@@ -289,6 +290,17 @@ def num_params(cfg: DraftConfig) -> int:
 
 
 # ---- what the trainer calls (core/trainer.py), implemented in core/dflash_train.py ---------
+
+def configure(cfg: DraftConfig, target_hf: dict[str, Any], train: Any) -> DraftConfig:
+    """A new draft's shape from `train`'s options (jobs/config.TrainConfig): --draft-layers,
+    --block-size and --mask-token-id, by default the target's last vocabulary id."""
+    mask = cfg.vocab_size - 1 if train.mask_token_id is None else train.mask_token_id
+    if mask >= cfg.vocab_size:
+        raise UserError(f"--mask-token-id {mask} is outside the target's vocabulary of "
+                        f"{cfg.vocab_size}")
+    return dataclasses.replace(cfg, num_layers=train.draft_layers, block_size=train.block_size,
+                               mask_token_id=mask)
+
 
 def metric_steps(cfg: DraftConfig) -> int:
     """Predicted slots per block: the K of the acceptance metrics."""

@@ -237,7 +237,7 @@ def loss_fn(params: PEagleWeights, target_w: Any, batch: Any, vocab: Any,
     return rollout(params, dcfg, sig, batch, vocab, ttt, denominators_K)
 
 
-def configure(cfg: DraftConfig, target_hf: dict[str, Any], steps: int) -> DraftConfig:
+def configure(cfg: DraftConfig, target_hf: dict[str, Any], train: Any) -> DraftConfig:
     """The block a new draft proposes (`train --ttt-length`) and its mask token: the target's
     pad token, else its last vocabulary id (a padding row in most vocabularies); the draft
     owns and trains its embedding, so the row only has to be the same at decoding."""
@@ -245,7 +245,8 @@ def configure(cfg: DraftConfig, target_hf: dict[str, Any], steps: int) -> DraftC
     if mask is None:
         pad = target_hf.get("pad_token_id")
         mask = int(pad) if pad is not None else cfg.vocab_size - 1
-    return dataclasses.replace(cfg, block_size=steps, mask_token_id=mask, norm_output=False)
+    return dataclasses.replace(cfg, block_size=train.ttt.steps, mask_token_id=mask,
+                               norm_output=False)
 
 
 def initial_weights(cfg: DraftConfig, key: jax.Array, target_w: Any, vocab: Any, mesh: Any

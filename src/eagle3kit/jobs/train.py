@@ -298,16 +298,8 @@ def _check_and_load(cfg: TrainConfig) -> _Setup:
     dcfg = init.config if init else DraftConfig.for_target(
         tcfg, vocab.draft_size, cfg.aux_layer_ids).with_arch(cfg.arch)
     configure = getattr(arches.method_module(dcfg.method), "configure", None)
-    if configure and not init:  # a method's own settings (P-EAGLE: its block, its mask token)
-        dcfg = configure(dcfg, ckpt.hf_config, cfg.ttt.steps)
-    if not init and dcfg.method == "dflash":
-        dcfg = dataclasses.replace(
-            dcfg, num_layers=cfg.draft_layers, block_size=cfg.block_size,
-            mask_token_id=tcfg.vocab_size - 1 if cfg.mask_token_id is None
-            else cfg.mask_token_id)
-        if dcfg.mask_token_id >= tcfg.vocab_size:
-            raise UserError(f"--mask-token-id {dcfg.mask_token_id} is outside the target's "
-                            f"vocabulary of {tcfg.vocab_size}")
+    if configure and not init:  # a method's own settings (its block, layers, mask token)
+        dcfg = configure(dcfg, ckpt.hf_config, cfg)
     if init:
         vocab = _check_init_vocab(init, vocab, cfg.init_from)
         if init.config.arch != cfg.arch:
