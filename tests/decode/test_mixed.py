@@ -15,7 +15,8 @@ import numpy as np
 
 from eagle3kit.core import target
 from eagle3kit.decode import mixed, row_cache
-from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling, logits
+from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling
+from eagle3kit.decode.steps import logits
 from tests.decode.hf_reference import greedy_divergence
 
 # pieces of 8 tokens, 2 a step; programs of 4 steps: a prompt of more than 64 tokens

@@ -74,7 +74,7 @@ from eagle3kit.decode.prefixes import Prefixes
 from eagle3kit.decode.repetition import Detector, Repetition
 from eagle3kit.decode.sampling import Sampling, is_stop, request_keys, sample
 from eagle3kit.decode.speculative import Speculation
-from eagle3kit.decode.steps import RowState, decoded, logits, run_steps  # noqa: F401 (read from here too)
+from eagle3kit.decode.steps import RowState, decoded, logits, run_steps
 from eagle3kit.errors import ResourceError, UserError
 
 MIN_PREFILL = 128  # shortest prefill bucket (tokens), unless prefill_chunk is shorter

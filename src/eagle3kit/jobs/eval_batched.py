@@ -204,7 +204,7 @@ def point(batch: int, dec: DecodeConfig, done, seconds: float, steps: int, plain
             "draft_tokens": dec.nodes, "tau_pooled": summary["tau_pooled"],
             "tau_per_request_mean": summary["tau_per_request_mean"],
             "verify_steps": summary["verify_steps"],
-            # device steps run: the work both sides did (decode/engine.run_steps)
+            # device steps run: the work both sides did (decode/steps.run_steps)
             "speculative_steps": steps, "baseline_steps": plain_steps,
             "tokens_per_s_speculative": round(tps, 2),
             "tokens_per_s_baseline": round(plain_tps, 2),

@@ -329,7 +329,8 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
                                ckpt.config)
     # the cache sized to the work may hold fewer rows than the data axis has devices (two
     # conversations on a host of four GPUs): round up, the idle rows cost little memory
-    rows = -(-cfg.slots // batch_ways(mesh)) * batch_ways(mesh)
+    ways = batch_ways(mesh)
+    rows = -(-cfg.slots // ways) * ways
     engine = Engine(ckpt.config, weights, mesh, sorted(stops), EngineConfig(
         rows=rows, max_context=cfg.max_context, sync_every=cfg.sync_every,
         mixed_budget=cfg.mixed_budget, mixed_piece=MIXED_PIECE,
