@@ -82,7 +82,7 @@ SPEC_STEPS ?= $(TTT)
 SPECULATIVE_TOKENS ?= 3# the num_speculative_tokens vLLM defaults to (speculators export)
 HF_ORG ?= your-org# a placeholder `push` refuses: set HF_ORG or REPO_ID
 REPO_ID ?= $(HF_ORG)/$(NAME)-Eagle3$(if $(filter v1,$(VERSION)),,-$(VERSION))
-EXPORT_FORMATS ?= sglang speculators# SGLang's format cannot carry eagle3.1's norms
+EXPORT_FORMATS ?= sglang speculators# both read eagle3 and eagle3.1 drafts (docs/serving.md)
 PUSH_FORMAT ?= $(firstword $(filter sglang,$(EXPORT_FORMATS)) $(EXPORT_FORMATS))# the export published
 PUSH_FLAGS ?=# e.g. --private, or --dry-run
 
