@@ -24,6 +24,8 @@
 #     (exit 75 kept), rerun it until it prints the rate, finish reasons and distinct tokens.
 #     Then `VERSION=v2 bash benchmarks/gpu_session.sh train` and `... eval` train on it.
 #   bash benchmarks/gpu_session.sh decode  # MT-bench: chains K=3,5,7 and the 5/4/8 tree, batch 1, 8, 32, 64
+#   SHAPES="7 5/4/8" bash benchmarks/gpu_session.sh compiles  # issue 36: what eval --prompts
+#     compiles per shape (programs, trace/lower/compile seconds), first run and from the cache
 #   TAG=-after bash benchmarks/gpu_session.sh engine  # issue 22's table (after setup, join and
 #     unpack): the 8B shape's tokens/s and HBM share, SmolLM2 on real ShareGPT first turns,
 #     batched speculative decoding (chain K=3 and 5/4/8 at batch 1, 8, 32) with the main
@@ -216,6 +218,25 @@ decode)
     --prompts mt-bench --steps "${SHAPES:-3,5,7,5/4/8}" --max-new-tokens 256 --json \
     --concurrency "${CONCURRENCY:-1,8,32,64}" ${LIMIT:+--limit "$LIMIT"} \
     | tee "$OUTDIR/decode_speed${TAG:-}.txt"
+  ;;
+compiles)  # issue 36 item 3: what `eval --prompts` compiles per drafting shape (SHAPES, K or
+  # S/k/N), each shape twice, the second run reading the first one's compile cache: a table of
+  # every program's trace/lower/compile seconds per run (stderr) and compiles_*.json in $OUT
+  # (its "eval" holds compile_s, compiled_programs, programs_from_cache). TARGET and DRAFT
+  # default to SmolLM2 and the main job's draft; LIMIT conversations (default 10)
+  DRAFT=${DRAFT:-$RUN/run/final}; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
+  CACHE=$(mktemp -d)
+  for shape in ${SHAPES:-7 5/4/8}; do
+    IFS=/ read -r S K N <<< "$shape"
+    for run in 1 2; do
+      EAGLE3KIT_COMPILE_CACHE=$CACHE/${shape//\//-} python3 benchmarks/eval_compiles.py -- \
+        --target "${TARGET:-$GGUF}" --draft "$DRAFT" --prompts mt-bench --limit "${LIMIT:-10}" \
+        --steps "$S" ${K:+--topk "$K" --draft-tokens "$N"} --max-new-tokens 256 \
+        --target-dtype bfloat16 --dtype bfloat16 --json \
+        > "$OUTDIR/compiles_${shape//\//-}_$run${TAG:-}.json" \
+        2> >(tee "$OUTDIR/compiles_${shape//\//-}_$run${TAG:-}.txt" >&2)
+    done
+  done
   ;;
 engine)  # issue 22: the one engine's speeds; files engine_*${TAG}.* in $OUT. ATTN=pallas:
   # the plain rows read the KV cache through decode/ragged_attention's kernel (EngineConfig).

@@ -14,11 +14,12 @@ def slots_for(prompt_len: int, dec: DecodeConfig) -> int:
 
 def speculative(tcfg, target_w, dcfg, draft_w, vocab, dec: DecodeConfig, stops, mesh, *,
                 rows: int = 1, max_context: int = 256, sync_every: int = 8,
-                prefill_chunk: int = 512, check_every: int = 1) -> Engine:
+                prefill_chunk: int = 512, check_every: int = 1, attention: str = "xla"
+                ) -> Engine:
     return Engine(tcfg, target_w, mesh, list(stops),
                   EngineConfig(rows=rows, max_context=max_context, sync_every=sync_every,
                                check_every=check_every, prefill_chunk=prefill_chunk,
-                               sampling=Sampling(dec.temperature)),
+                               sampling=Sampling(dec.temperature), attention=attention),
                   Speculation(dcfg, draft_w, vocab, dec))
 
 

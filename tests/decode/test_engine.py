@@ -219,6 +219,41 @@ def test_the_ragged_kernel_reads_every_key_in_place(llama, chaotic):
         assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
 
 
+def test_programs_compiled_ahead_serve_every_request_at_one_prefill_shape(llama, chaotic):
+    """EngineConfig(one_prefill_shape=True), as `eval --prompts` runs its one row, on the GPU's
+    path (the kernel, interpret mode here): every prompt piece is padded to prefill_chunk, so
+    prompts of 70 and 9 tokens (pieces of 32) meet two prefill programs, first pieces and
+    later ones (buckets compiled one per piece size); `Engine.compilers` compiles those and
+    the step ahead, several at once, and the requests then compile nothing. The answers stay
+    transformers' greedy tokens on the context-sensitive tiny Llama."""
+    from eagle3kit.jobs.eval_batched import compile_ahead
+
+    _, _, ckpt, _, mesh, _ = llama
+    model, w = chaotic
+    rng = np.random.default_rng(2)
+    prompts = [[int(x) for x in rng.integers(0, 96, n)] for n in (70, 9)]
+    engine = Engine(ckpt.config, w, mesh, [], EngineConfig(
+        rows=1, max_context=256, sync_every=8, prefill_chunk=32, one_prefill_shape=True,
+        attention="pallas"))
+    compile_ahead(engine.compilers([len(p) for p in prompts]))
+    assert sorted(engine.programs) == [("decode", 1, 8, 256), ("prefill", 1, 32, 0),
+                                       ("prefill", 1, 32, 256)]
+    before = len(_COMPILED)
+    got = engine.generate([Request(i, p, 12) for i, p in enumerate(prompts)])
+    assert _COMPILED[before:] == []
+    assert len(engine.programs) == 3
+    for p, c in zip(prompts, got, strict=True):
+        assert len(c.tokens) == 12
+        at = greedy_divergence(model, p, c.tokens)
+        assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
+
+
+_COMPILED: list[str] = []  # every program XLA compiled in this process, by name
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, _, fun_name="", **__: _COMPILED.append(fun_name)
+    if event == "/jax/core/compile/backend_compile_duration" else None)
+
+
 def test_auto_reads_the_cache_with_the_kernel_on_one_gpu_only():
     """`regenerate --kv-attention auto`: the ragged kernel where it was measured faster (one
     GPU per process), the XLA path on a CPU, a TPU, or a mesh (the kernel reads one device)."""

@@ -48,11 +48,12 @@ def _expected(acc, i: int, limit: int, stops: set[int]) -> list[int]:
 
 
 def _run(acc, dec, rows, requests, stops=(), mesh=None, target_w=None, draft_w=None,
-         vocab=None, sync_every=4, check_every=1):
-    engine = engines.speculative(acc.tcfg, target_w or acc.target_w, acc.dcfg,
-                                 draft_w or acc.draft_w, vocab or acc.vocab, dec, stops,
-                                 mesh or acc.mesh, rows=rows, max_context=SLOTS,
-                                 sync_every=sync_every, check_every=check_every)
+         vocab=None, sync_every=4, check_every=1, engine=None):
+    engine = engine or engines.speculative(acc.tcfg, target_w or acc.target_w, acc.dcfg,
+                                           draft_w or acc.draft_w, vocab or acc.vocab, dec,
+                                           stops, mesh or acc.mesh, rows=rows,
+                                           max_context=SLOTS, sync_every=sync_every,
+                                           check_every=check_every)
     return engine.generate(requests)
 
 
@@ -158,6 +159,33 @@ def test_verify_programs_whose_rows_cross_a_window_boundary_stay_plain_greedy(ti
         assert len(c.tokens) == 40
         at = greedy_divergence(model, p, c.tokens)
         assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
+
+
+def test_the_ragged_kernel_verifies_every_length_with_one_program(tiny, chaotic, chain_run):
+    """EngineConfig(attention="pallas"), the GPU's path (interpret mode here): the kernel
+    reads each row to its own length, so one verify program serves every length (the draft
+    attends over its whole cache), where one per window bucket compiled the same step again
+    (an eval's every drafting shape paid each). Rows that grow past 128 and 192 slots stay
+    transformers' greedy tokens on `chaotic`, and the trained draft's requests keep the XLA
+    path's tokens and accepted counts (a draft cache the program lost would lose those)."""
+    tcfg, _, dcfg, draft_w, vocab, mesh = tiny
+    model, target_w = chaotic
+    rng = np.random.default_rng(2)
+    prompts = [[int(x) for x in rng.integers(0, tcfg.vocab_size, n)] for n in (116, 112)]
+    engine = engines.speculative(tcfg, target_w, dcfg, draft_w, vocab, CHAIN, [], mesh, rows=2,
+                                 max_context=SLOTS, sync_every=4, attention="pallas")
+    done = engine.generate([Request(i, p, 100) for i, p in enumerate(prompts)])
+    for p, c in zip(prompts, done, strict=True):
+        assert len(c.tokens) == 100 and len(p) + 100 > 192
+        at = greedy_divergence(model, p, c.tokens)
+        assert at is None, f"prompt of {len(p)} tokens: leaves greedy decoding at token {at}"
+    assert [p for p in engine.programs if p[0] == "verify"] == [("verify", 2, 4, SLOTS)]
+    acc, stops, xla = chain_run
+    kernel = _run(acc, CHAIN, 2, _requests(acc), engine=engines.speculative(
+        acc.tcfg, acc.target_w, acc.dcfg, acc.draft_w, acc.vocab, CHAIN, stops, acc.mesh,
+        rows=2, max_context=SLOTS, sync_every=4, attention="pallas"))
+    assert [c.tokens for c in kernel] == [c.tokens for c in xla]
+    assert [c.accept_lengths for c in kernel] == [c.accept_lengths for c in xla]
 
 
 def test_sampled_streams_draw_fresh_randomness_at_every_verify_step(tiny, tiny_dir):

@@ -50,16 +50,21 @@ def regenerate(tmp_path: Path, cache: Path) -> subprocess.CompletedProcess:
     chats = tmp_path / "chats.jsonl"
     if not chats.exists():
         chats.write_bytes(b"".join(encode(c) for c in assets.sharegpt_chats(2)))
+    return _cli(cache, "regenerate", "--target", str(assets.train_assets() / "target"), "-i",
+                str(chats), "-o", "-", "--turns", "first", "--max-new-tokens", "6",
+                "--max-context", "256", "--slots", "2", "--target-dtype", "float32",
+                "--mesh", "data=1,tensor=1")
+
+
+def _cli(cache: Path, *args: str) -> subprocess.CompletedProcess:
+    """`eagle3kit ARGS` as a fresh process on the CPU with EAGLE3KIT_COMPILE_CACHE=cache,
+    every program cached however fast it compiled."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     env.update(JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1", EAGLE3KIT_COMPILE_CACHE=str(cache),
                PYTHONPATH=os.pathsep.join(sys.path), COLUMNS="250")
-    return subprocess.run(
-        [sys.executable, "-m", "eagle3kit", "regenerate", "--target",
-         str(assets.train_assets() / "target"), "-i", str(chats), "-o", "-", "--turns",
-         "first", "--max-new-tokens", "6", "--max-context", "256", "--slots", "2",
-         "--target-dtype", "float32", "--mesh", "data=1,tensor=1"],
-        env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], env=env,
+                          capture_output=True, text=True, timeout=600)
 
 
 def test_a_corrupt_or_unwritable_cache_warns_once_and_answers_the_same(tmp_path):
@@ -88,3 +93,38 @@ def test_a_corrupt_or_unwritable_cache_warns_once_and_answers_the_same(tmp_path)
         said = [line for line in r.stderr.splitlines() if "compile cache" in line]
         assert len(said) == 1 and said[0].startswith(says), r.stderr
         assert "Traceback" not in r.stderr and "Warning" not in r.stderr, r.stderr
+
+
+def evaluate(tmp_path: Path, cache: Path) -> subprocess.CompletedProcess:
+    """`eagle3kit eval --prompts` of one two-turn conversation by the tiny random target and a
+    random draft (fp32, greedy) as a fresh process with EAGLE3KIT_COMPILE_CACHE=cache."""
+    import json
+
+    from tests import assets
+
+    prompts, draft = tmp_path / "prompts.jsonl", tmp_path / "draft"
+    if not prompts.exists():
+        prompts.write_text(json.dumps({"turns": ["Name a color.", "And another one?"]}) + "\n")
+        assets.random_draft(draft)
+    return _cli(cache, "eval", "--target", str(assets.train_assets() / "target"), "--draft",
+                str(draft), "--prompts", str(prompts), "--steps", "3", "--max-new-tokens", "8",
+                "--dtype", "float32", "--target-dtype", "float32", "--json")
+
+
+def test_a_second_eval_loads_every_program_of_its_turns_from_the_cache(tmp_path):
+    """Issue 36: `eval --prompts` run again in a fresh process compiles nothing its turns
+    run (speculative and plain): every program comes from the first run's cache, its
+    compile seconds (what is left: tracing and lowering, and the loads) fall, and the
+    answers are the same."""
+    import json
+
+    first = evaluate(tmp_path, tmp_path / "xla")
+    assert first.returncode == 0, first.stderr
+    again = evaluate(tmp_path, tmp_path / "xla")
+    assert again.returncode == 0, again.stderr
+    one, two = json.loads(first.stdout), json.loads(again.stdout)
+    assert one["compiled_programs"] > 0 and one["programs_from_cache"] == 0
+    assert two["programs_from_cache"] == two["compiled_programs"] == one["compiled_programs"]
+    assert two["compile_s"] < one["compile_s"] / 2, (one["compile_s"], two["compile_s"])
+    same = ("new_tokens", "identical_to_baseline", "accept_histogram", "tau_pooled")
+    assert {k: two[k] for k in same} == {k: one[k] for k in same}

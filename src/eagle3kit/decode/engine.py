@@ -27,9 +27,10 @@ pending request at once. Programs are compiled once per shape:
               steps: between checks the device needs no word from the host). The host syncs
               once per program, collects the tokens, retires finished rows and refills them.
 
-Attention reads only the first `window` slots of each row, a bound over the longest live
-sequence (`window_bucket`) and, speculative, over where its rows can write during the
-program, so short sequences never pay for the cache's full length. Layers are looped over
+On the XLA path attention reads only the first `window` slots of each row, a bound over the
+longest live sequence (`window_bucket`) and, speculative, over where its rows can write
+during the program, so short sequences never pay for the cache's full length; the ragged
+kernel reads each row to its own length, and one step program serves every length. Layers are looped over
 unstacked (`target.LayerList`): scanning the stacked layers would copy each layer's weights
 and cache out of the stack at every step.
 
@@ -53,7 +54,7 @@ import functools
 import os
 import re
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -89,6 +90,9 @@ class EngineConfig:
     check_every: int = 1  # device steps between a program's checks whether to end early
     # (run_steps; fewer checks, fewer of the loop's reads back to the host)
     prefill_chunk: int = 512  # longest prefill piece
+    one_prefill_shape: bool = False  # every piece padded to prefill_chunk: one prefill
+    # program for first pieces and one for later ones, where buckets of 128 tokens and up
+    # compiled one program per size met (a few rows: a piece's padding costs little there)
     mixed_budget: int = 0  # prompt tokens a decode step carries (decode/mixed.py: mixed
     # steps, plain decoding); 0: prompts are prefilled by programs of their own
     mixed_piece: int = 64  # tokens of one prompt piece in a mixed step (divides the budget)
@@ -242,12 +246,14 @@ def _verify(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, waiting
         return cache, small, s, tokens, accepted
 
     dk, dv = dcache.k, dcache.v
-    small = draft_cache.DraftKV(dk[:, :window], dv[:, :window])
+    whole = window >= dk.shape[1]  # the kernel's one program: no window copied out and back
+    small = dcache if whole else draft_cache.DraftKV(dk[:, :window], dv[:, :window])
     tokens = jnp.full((c, steps, k1), -1, jnp.int32)
     accepted = jnp.full((c, steps), -1, jnp.int32)
     ran, cache, small, state, tokens, accepted = run_steps(
         body, (cache, small, state, tokens, accepted), steps, waiting, state_at=2, every=every)
-    dcache = draft_cache.DraftKV(dk.at[:, :window].set(small.k), dv.at[:, :window].set(small.v))
+    dcache = small if whole else draft_cache.DraftKV(dk.at[:, :window].set(small.k),
+                                                     dv.at[:, :window].set(small.v))
     return cache, dcache, state, tokens, accepted, ran
 
 
@@ -467,12 +473,7 @@ class Engine:
             groups: dict[tuple[bool, int, int], list[int]] = collections.defaultdict(list)
             for i in rows:
                 piece = min(self.rows[i].remaining_prompt, self.cfg.prefill_chunk)
-                # few shapes (each is a compiled program): 128-token pieces and up, and later
-                # pieces of long prompts read the whole row
-                t = bucket(piece, min(MIN_PREFILL, self.cfg.prefill_chunk))
-                first = start[i] == 0
-                window = 0 if first else self.cfg.max_context
-                groups[(first, t, window)].append(i)
+                groups[self._piece_shape(start[i], piece)].append(i)
             # P rows per prefill program, always the same P: a prompt's sums must not depend
             # on how many others were admitted with it (a matmul's rounding depends on its
             # shape, and a near-tie would turn the answer), and a refill of one row pays for
@@ -484,6 +485,15 @@ class Engine:
             rows = [i for i in rows if self.rows[i] is not None
                     and self.rows[i].remaining_prompt > 0]
         return done
+
+    def _piece_shape(self, start: int, piece: int) -> tuple[bool, int, int]:
+        """(first, tokens T, window) of the prefill program of a `piece`-token prompt piece
+        from prompt token `start`."""
+        # few shapes (each is a compiled program): 128-token pieces and up, and later
+        # pieces of long prompts read the whole row
+        chunk = self.cfg.prefill_chunk
+        t = chunk if self.cfg.one_prefill_shape else bucket(piece, min(MIN_PREFILL, chunk))
+        return start == 0, t, 0 if start == 0 else self.cfg.max_context
 
     def _copy(self, pairs: list[tuple[int, int]]) -> None:
         """Copies whole cache rows (row, from), P at a time: one program for every count."""
@@ -510,13 +520,9 @@ class Engine:
             rows[j], starts[j], lengths[j] = i, start[i], len(r.prompt)
             limits[j], seeds[j] = r.max_new_tokens, np.uint32(r.seed & 0xFFFFFFFF)
         self.programs.add(("prefill", p, t, window))
-        spec = self.spec
         with use_mesh(self.mesh):
             self.cache, self.dcache, self.state, first_tokens = self._prefill(
-                self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
-                self.state, self.base_key, self.stop_ids, jnp.asarray(tokens),
-                jnp.asarray(following), jnp.asarray(rows), jnp.asarray(starts),
-                jnp.asarray(lengths), jnp.asarray(limits), jnp.asarray(seeds),
+                *self._prefill_args(tokens, following, rows, starts, lengths, limits, seeds),
                 first=first, window=window or t)
         first_tokens = np.asarray(jax.device_get(first_tokens))
         started = {}
@@ -528,24 +534,65 @@ class Engine:
                 started[i] = [int(first_tokens[j])]
         return self._emit_rows(started, {})
 
+    def _prefill_args(self, *host: np.ndarray) -> tuple:
+        """A prefill program's arguments before its static ones: the engine's arrays, then
+        the pieces' (tokens, following, rows, starts, lengths, limits, seeds)."""
+        spec = self.spec
+        return (self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
+                self.state, self.base_key, self.stop_ids, *map(jnp.asarray, host))
+
+    def _step_args(self, waiting: bool) -> tuple:
+        spec = self.spec
+        return (self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
+                self.state, self.base_key, self.stop_ids, jnp.asarray(waiting))
+
     def _run_rows(self, waiting: bool) -> list[Completion]:
         steps = self.cfg.sync_every
         window = self._window(steps)
         self.programs.add(("verify" if self.spec else "decode", self.cfg.rows, steps, window))
-        spec = self.spec
         with use_mesh(self.mesh):
             self.cache, self.dcache, self.state, out, accepted, ran = self._step(
-                self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
-                self.state, self.base_key, self.stop_ids, jnp.asarray(waiting), steps=steps,
-                window=window)
+                *self._step_args(waiting), steps=steps, window=window)
         return self._collect(*jax.device_get((out, accepted, ran)))
+
+    def compilers(self, prompt_lengths: Sequence[int]) -> list[Callable[[], Any]]:
+        """Thunks that compile ahead the programs requests with prompts of these lengths will
+        run (every piece's prefill shape; the step where one program serves every length:
+        the kernel's), to be run several at once (XLA compiles without Python's lock):
+        the requests then compile nothing of these. Each is compiled as the engine will
+        call it (same arguments, same mesh), so a call finds it in JAX's caches."""
+        chunk, p, c = self.cfg.prefill_chunk, self.prefill_batch, self.cfg.rows
+        shapes = {self._piece_shape(start, min(n - start, chunk))
+                  for n in prompt_lengths for start in range(0, n, chunk)}
+        todo = []
+        for first, t, window in sorted(shapes):
+            self.programs.add(("prefill", p, t, window))
+            pieces = [np.zeros((p, t), np.int32)] * 2  # _prefill_group's dtypes and shapes
+            rows = [np.full((p,), c, np.int32)] + [np.ones((p,), np.int32)] * 3
+            args = self._prefill_args(*pieces, *rows, np.zeros((p,), np.uint32))
+            todo.append(functools.partial(self._compile, self._prefill, args,
+                                          first=first, window=window or t))
+        steps = self.cfg.sync_every
+        if self.cfg.attention != KVAttention.XLA:
+            window = self._window(steps)
+            self.programs.add(("verify" if self.spec else "decode", c, steps, window))
+            todo.append(functools.partial(self._compile, self._step, self._step_args(False),
+                                          steps=steps, window=window))
+        return todo
+
+    def _compile(self, program, args: tuple, **static) -> None:
+        with use_mesh(self.mesh):
+            program.trace(*args, **static).lower().compile()
 
     def _window(self, steps: int, prompts: Sequence[int] = ()) -> int:
         """The cache slots a program of `steps` steps reads (the XLA path): past every live
         row's furthest write, and every prompt (`prompts`: lengths) being prefilled in it."""
-        if self.spec is None and self.cfg.attention != "xla":
+        if self.cfg.attention != "xla":
             # the kernel reads each row to its own length and no window: one program serves
-            # every length, where a window bucket each recompiled the same step (8B: ~10)
+            # every length, where a window bucket each recompiled the same step (8B: ~10;
+            # a verify step too: its draft's one layer then attends over the whole draft
+            # cache, small next to the target's reads, and an eval compiled the step once
+            # per bucket, for each drafting shape)
             return self.cfg.max_context
         longest = max([len(r.request.prompt) + len(r.tokens) for r in self.rows
                        if r is not None and r.remaining_prompt == 0] + list(prompts))

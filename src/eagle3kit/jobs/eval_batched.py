@@ -16,8 +16,11 @@ measured speedup.
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -38,6 +41,7 @@ PLAIN_SYNC = 32  # plain decode steps per device program
 # issue 22, "checks every E steps"). One row checks every step: its program ends when it
 # finishes, and idle steps would delay only that row.
 BATCHED_CHECK_EVERY = 8
+ONE_ROW_PIECE = 256  # prompt tokens a batch-1 prefill program takes (every piece padded)
 
 
 def parse_concurrency(text: str | None) -> tuple[int, ...]:
@@ -115,10 +119,13 @@ class Setup:
         temperature = self.draft.dec.temperature
         # one row waits for nobody: its programs run until it finishes (fewer host syncs)
         sync = PLAIN_SYNC if dec is None or rows == 1 else SPEC_SYNC
+        # one row's prompts in pieces of one shape: two prefill programs (first pieces and
+        # later ones), not one per 128-token bucket and up, each compiled for both engines
+        one = {"prefill_chunk": ONE_ROW_PIECE, "one_prefill_shape": True} if rows == 1 else {}
         return Engine(self.tcfg, self.target_w, self.mesh, self.stops, EngineConfig(
             rows=rows, max_context=slots, sync_every=sync,
             sampling=Sampling(temperature), seed=self.seed, attention=self.attention(),
-            check_every=self.checks(rows)),
+            check_every=self.checks(rows), **one),
             dataclasses.replace(self.draft, dec=dec) if dec else None)
 
     def attention(self) -> KVAttention:
@@ -149,8 +156,11 @@ def requests(prompts: Sequence[Sequence[int]], max_new: int) -> list[Request]:
 
 
 _compile_events = 0  # JAX traces, lowerings and compiles so far in this process
-_compile_seconds = 0.0  # what they took (a program loaded from the compile cache: its load)
+_compile_seconds = 0.0  # what they took (a program loaded from the compile cache: its load;
+# programs compiled ahead, several at once: the wall time of all of them)
 _programs_compiled = 0  # programs XLA compiled or loaded from the cache
+_ahead = 0  # compile_ahead calls running
+_lock = threading.Lock()  # the listener hears compiles from compile_ahead's threads
 _COMPILE_PHASES = ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration",
                    "/jax/core/compile/backend_compile_duration")
@@ -158,20 +168,57 @@ _COMPILE_PHASES = ("/jax/core/compile/jaxpr_trace_duration",
 
 def _count_compiles(event: str, duration: float, **_: Any) -> None:
     global _compile_events, _compile_seconds, _programs_compiled
-    if event.startswith(("/jax/core/compile/", "/jax/compilation_cache/")):
-        _compile_events += 1
-    if event in _COMPILE_PHASES:  # disjoint phases: their sum is the time spent compiling
-        _compile_seconds += duration
-        _programs_compiled += event == _COMPILE_PHASES[-1]
+    with _lock:
+        if event.startswith(("/jax/core/compile/", "/jax/compilation_cache/")):
+            _compile_events += 1
+        if event in _COMPILE_PHASES:  # disjoint phases: their sum is the time spent compiling
+            _compile_seconds += 0.0 if _ahead else duration
+            _programs_compiled += event == _COMPILE_PHASES[-1]
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+_cache_hits = 0  # programs the persistent compile cache served (jobs/common.compile_cache)
+
+
+def _count_hits(event: str, **_: Any) -> None:
+    global _cache_hits
+    if event == "/jax/compilation_cache/cache_hits":
+        with _lock:
+            _cache_hits += 1
+
+
+jax.monitoring.register_event_listener(_count_hits)
+
+
+def cache_hits() -> int:
+    """Programs loaded from the persistent compile cache so far in this process."""
+    return _cache_hits
 
 
 def compile_totals() -> tuple[float, int]:
     """(seconds JAX spent tracing, lowering and compiling, programs compiled) so far in this
     process: the difference over a stretch of work is what it compiled."""
     return _compile_seconds, _programs_compiled
+
+
+def compile_ahead(compilers: Sequence[Callable[[], Any]]) -> None:
+    """Runs `compilers` (Engine.compilers' thunks) in threads, so that XLA compiles several
+    programs at once; compile_totals counts their wall time, not the sum of their times."""
+    global _ahead, _compile_seconds
+    if not compilers:
+        return
+    t0, before = time.perf_counter(), _compile_events
+    with _lock:
+        _ahead += 1
+    try:
+        with ThreadPoolExecutor(min(len(compilers), os.cpu_count() or 1)) as pool:
+            for job in [pool.submit(c) for c in compilers]:
+                job.result()
+    finally:
+        with _lock:
+            _ahead -= 1
+            if _compile_events != before:  # else all were compiled already: none counted
+                _compile_seconds += time.perf_counter() - t0
 
 
 def timed_call(fn: Any) -> tuple[Any, float, bool]:

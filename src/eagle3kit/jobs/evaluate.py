@@ -274,12 +274,21 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
     offsets = [sum(len(c.turns) for c in prompts.conversations[:i])
                for i in range(len(prompts.conversations))]
     answers: dict[tuple[int, int], tuple[Request, Any, float]] = {}
+    longest = [min(_longest_prompt(d, render, cfg.max_new_tokens), context - cfg.max_new_tokens)
+               for d in dialogues]
     # one cache for every turn (not the smallest each prompt fits): a cache size is a shape
     # of every program, and each one compiled again per size a later turn's prompt met
-    setup.slots = max(setup.slots, eval_batched.slots_for_length(
-        min(max(_longest_prompt(d, render, cfg.max_new_tokens) for d in dialogues),
-            context - cfg.max_new_tokens), cfg.max_new_tokens, [dec]))
-    engines: dict[tuple[int, bool], Any] = {}  # (slots, speculative)
+    setup.slots = max(setup.slots, eval_batched.slots_for_length(max(longest),
+                                                                 cfg.max_new_tokens, [dec]))
+    t0, (compiling0, programs0) = time.perf_counter(), eval_batched.compile_totals()
+    hits0 = eval_batched.cache_hits()
+    engines: dict[tuple[int, bool], Any] = {  # (slots, speculative)
+        (setup.slots, s): setup.engine(1, setup.slots, dec if s else None)
+        for s in ((True, False) if timed else (True,))}
+    # what the turns will compile, compiled at once: first turns' prompts are known, later
+    # ones about as long as `longest` (one that is not compiles its own shape when it comes)
+    eval_batched.compile_ahead([c for e in engines.values() for c in e.compilers(
+        [len(ids) for ids in firsts] + longest)])
     retimed = 0
     progress = Progress(console, "generate turns", total=prompts.num_turns)
 
@@ -307,7 +316,6 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
             _, seconds, _ = eval_batched.timed_call(lambda: engine.generate([request]))
         return done, seconds
 
-    t0, (compiling0, programs0) = time.perf_counter(), eval_batched.compile_totals()
     with progress:
         for c in range(len(dialogues)):  # a conversation at a time, turn by turn
             while (ids := prompt(c)) is not None:
@@ -361,7 +369,9 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
             # the programs it met; untimed: that and the first runs of the answers that
             # compiled (each timed on a second run)
             "compile_s": round(compiling - compiling0, 2),
-            "compiled_programs": programs - programs0, "untimed_s": round(untimed_s, 2),
+            "compiled_programs": programs - programs0,
+            "programs_from_cache": eval_batched.cache_hits() - hits0,
+            "untimed_s": round(untimed_s, 2),
             "retimed_answers": retimed}, samples
 
 
