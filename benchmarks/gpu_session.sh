@@ -46,9 +46,10 @@
 #     --seq-len 2048, batch 4 x 2; P-EAGLE blocks of TTT=7, DFlash --block-size 8 and
 #     DFLASH_LAYERS=1 layer: 7 proposals each, the K=7 chain's), in $RUN/ARCH-run; resumes,
 #     stops itself after SECONDS_MAX (rerun until each has final/)
-#   VERSION=v2 bash benchmarks/gpu_session.sh pdecode  # MT-bench (LIMIT=80 conversations) tau
+#   VERSION=v2 bash benchmarks/gpu_session.sh pdecode  # MT-bench (LIMIT=40 conversations) tau
 #     and tokens/s at CONCURRENCY=1,8,32 of each trained drafter against the v2 EAGLE-3.1
-#     K=7 chain, one eval each: $OUT/pdecode-{chain,peagle,dflash}.json and pdecode.md
+#     K=7 chain, one eval each (DRAFTERS=chain,peagle,dflash; one a call if three do not fit
+#     its limit): $OUT/pdecode-{chain,peagle,dflash}.json and the table pdecode.md
 #   bash benchmarks/gpu_session.sh ragged  # the decode/verify kernel alone vs XLA, every shape
 #   bash benchmarks/gpu_session.sh matmuls  # issue 22: a step's matmuls alone (XLA, fused,
 #     Pallas tilings) and the 8B shape at 4-32 rows (its best share of the bandwidth bound)
@@ -233,12 +234,12 @@ ptrain)  # issue 37 item 3: the parallel drafters on the v2 data and budget (see
   done
   ;;
 pdecode)  # issue 37 item 3: each drafter's MT-bench decoding against the K=7 chain
-  for d in chain:run peagle:peagle-run dflash:dflash-run; do
-    name=${d%%:*} D=$RUN/${d#*:}/final
+  for name in $(echo "${DRAFTERS:-chain,peagle,dflash}" | tr , ' '); do
+    D=$RUN/$name-run/final; [ "$name" = chain ] && D=$RUN/run/final
     [ -f "$D/draft_config.json" ] || { echo "pdecode: no $D, skipped" >&2; continue; }
     steps=""; [ "$name" = chain ] && steps="--steps ${TTT:-7}"
     python3 -m eagle3kit eval --target "$GGUF" --draft "$D" --prompts mt-bench $steps \
-      --max-new-tokens 256 --limit "${LIMIT:-80}" --concurrency "${CONCURRENCY:-1,8,32}" \
+      --max-new-tokens 256 --limit "${LIMIT:-40}" --concurrency "${CONCURRENCY:-1,8,32}" \
       --json > "$OUTDIR/pdecode-$name.json"
   done
   python3 - "$OUTDIR" <<'PY' | tee "$OUTDIR/pdecode.md"
