@@ -43,6 +43,15 @@
 #     BUDGETS (default 0,256,512; 0 is before) for SmolLM2 at 512 slots on ShareGPT first
 #     turns, the 8B shape at 128 slots (answers of 128-256 tokens: --stagger), and the v2 recipe's regeneration of real multi-turn
 #     chats (REGEN_S seconds each, default 240: its rate line)
+#   VERSION=v2 bash benchmarks/gpu_session.sh ptrain  # issue 37 item 3: P-EAGLE and DFlash
+#     (ARCHS, default peagle,dflash) trained on the v2 draft's data with its budget (6 epochs,
+#     --seq-len 2048, batch 4 x 2; P-EAGLE blocks of TTT=7, DFlash --block-size 8 and
+#     DFLASH_LAYERS=1 layer: 7 proposals each, the K=7 chain's), in $RUN/ARCH-run; resumes,
+#     stops itself after SECONDS_MAX (rerun until each has final/)
+#   VERSION=v2 bash benchmarks/gpu_session.sh pdecode  # MT-bench (LIMIT=40 conversations) tau
+#     and tokens/s at CONCURRENCY=1,8,32 of each trained drafter against the v2 EAGLE-3.1
+#     K=7 chain, one eval each (DRAFTERS=chain,peagle,dflash; one a call if three do not fit
+#     its limit): $OUT/pdecode-{chain,peagle,dflash}.json and the table pdecode.md
 #   bash benchmarks/gpu_session.sh ragged  # the decode/verify kernel alone vs XLA, every shape
 #   bash benchmarks/gpu_session.sh matmuls  # issue 22: a step's matmuls alone (XLA, fused,
 #     Pallas tilings) and the 8B shape at 4-32 rows (its best share of the bandwidth bound)
@@ -211,6 +220,44 @@ pack)  # the trained draft's exports, in parts that fit what a call brings back
   ;;
 unpack)  # a later machine: the parts carried in .stash/draft restore $RUN/export
   mkdir -p "$RUN"; cat .stash/draft/draft.tar.part.* | tar -C "$RUN" -xf -
+  ;;
+ptrain)  # issue 37 item 3: the parallel drafters on the v2 data and budget (see the top)
+  for arch in $(echo "${ARCHS:-peagle,dflash}" | tr , ' '); do
+    D=$RUN/$arch-run
+    [ -f "$D/final/draft_config.json" ] && continue
+    resume=""; [ -f "$D/config.json" ] && resume=--resume
+    case $arch in
+      peagle) shape="--ttt-length ${TTT:-7}" ;;
+      dflash) shape="--block-size $(( ${TTT:-7} + 1 )) --draft-layers ${DFLASH_LAYERS:-1}" ;;
+    esac
+    python3 -m eagle3kit train --target "$GGUF" --data "$RUN/train.jsonl" \
+      --vocab "$RUN/vocab.safetensors" --out "$D" --eval-data "$RUN/heldout.jsonl" \
+      --epochs 6 --arch "$arch" --seq-len 2048 --batch-size 4 --grad-accum 2 $shape \
+      --time-limit "${SECONDS_MAX:-500}" --save-every 200 $resume 2>&1 \
+      | tee "$OUTDIR/ptrain-$arch.log" || true
+    cp "$D/metrics.jsonl" "$OUTDIR/ptrain-$arch-metrics.jsonl" 2>/dev/null || true
+  done
+  ;;
+pdecode)  # issue 37 item 3: each drafter's MT-bench decoding against the K=7 chain
+  for name in $(echo "${DRAFTERS:-chain,peagle,dflash}" | tr , ' '); do
+    D=$RUN/$name-run/final; [ "$name" = chain ] && D=$RUN/run/final
+    [ -f "$D/draft_config.json" ] || { echo "pdecode: no $D, skipped" >&2; continue; }
+    steps=""; [ "$name" = chain ] && steps="--steps ${TTT:-7}"
+    python3 -m eagle3kit eval --target "$GGUF" --draft "$D" --prompts mt-bench $steps \
+      --max-new-tokens 256 --limit "${LIMIT:-40}" --concurrency "${CONCURRENCY:-1,8,32}" \
+      --json > "$OUTDIR/pdecode-$name.json"
+  done
+  python3 - "$OUTDIR" <<'PY' | tee "$OUTDIR/pdecode.md"
+import json, pathlib, sys
+print("| drafter | batch | tau | tokens/s | plain tokens/s | speedup | identical |")
+print("|---|---|---|---|---|---|---|")
+for f in sorted(pathlib.Path(sys.argv[1]).glob("pdecode-*.json")):
+    r = json.loads(f.read_text())
+    for p in r.get("concurrency", []):
+        print(f"| {f.stem[8:]} ({r['steps']}) | {p['batch']} | {p['tau_pooled']:.2f} | "
+              f"{p['tokens_per_s_speculative']:,.0f} | {p['tokens_per_s_baseline']:,.0f} | "
+              f"{p['speedup']:.2f}x | {p['identical_to_baseline']} |")
+PY
   ;;
 decode)
   DRAFT=$RUN/run/final; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang

@@ -96,6 +96,22 @@ def build(tcfg, tw, mesh) -> Accepting:
     return acc
 
 
+def stop_token(acc) -> int:
+    """A token early in prompt 1's answer that the other two answers never emit."""
+    others = set(acc.greedy[0]) | set(acc.greedy[2])
+    return next(t for t in acc.greedy[1][3:] if t not in others)
+
+
+def expected(acc, i: int, limit: int, stops: set[int]) -> list[int]:
+    """Prompt i's greedy answer of at most `limit` tokens, ended at a stop token."""
+    out = []
+    for t in acc.greedy[i][:limit]:
+        out.append(t)
+        if t in stops:
+            break
+    return out
+
+
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def _rollout(tcfg, tw, dcfg, w, vocab, batch):
     """[K, B, T, Vd] draft logits of every TTT step at every column, teacher-forced."""

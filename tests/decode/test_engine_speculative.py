@@ -32,21 +32,6 @@ TREE = DecodeConfig(steps=accepting.K, max_new_tokens=accepting.NEW, topk=2, dra
 REQUESTS = ((0, 24), (1, 24), (2, 24), (0, 10), (2, 17), (1, 2), (0, 1))
 
 
-def _stop(acc) -> int:
-    """A token early in prompt 1's answer that the other two answers never emit."""
-    others = set(acc.greedy[0]) | set(acc.greedy[2])
-    return next(t for t in acc.greedy[1][3:] if t not in others)
-
-
-def _expected(acc, i: int, limit: int, stops: set[int]) -> list[int]:
-    out = []
-    for t in acc.greedy[i][:limit]:
-        out.append(t)
-        if t in stops:
-            break
-    return out
-
-
 def _run(acc, dec, rows, requests, stops=(), mesh=None, target_w=None, draft_w=None,
          vocab=None, sync_every=4, check_every=1, engine=None):
     engine = engine or engines.speculative(acc.tcfg, target_w or acc.target_w, acc.dcfg,
@@ -65,14 +50,14 @@ def _requests(acc, seed=0):
 @pytest.fixture(scope="module")
 def chain_run(accepting_draft):
     acc = accepting_draft
-    stops = {_stop(acc)}
+    stops = {accepting.stop_token(acc)}
     return acc, stops, _run(acc, CHAIN, 2, _requests(acc), stops)
 
 
 def test_batched_greedy_chain_is_plain_greedy_with_refill_limits_and_stops(chain_run):
     acc, stops, done = chain_run
     for (i, limit), c in zip(REQUESTS, done, strict=True):
-        expected = _expected(acc, i, limit, stops)
+        expected = accepting.expected(acc, i, limit, stops)
         assert c.tokens == expected, (i, limit)
         assert c.finish_reason == ("stop" if expected[-1] in stops else "length")
     assert any(c.finish_reason == "stop" for c in done)

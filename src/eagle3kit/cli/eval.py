@@ -59,7 +59,8 @@ def eval_cmd(
                                     "generate with --prompts, else teacher-forced)."),
     steps: int | None = typer.Option(None, min=1, max=64, help="Draft tokens per step (K) "
                                      "(default: the draft's trained --ttt-length, else "
-                                     f"{TTTSettings().steps})."),
+                                     f"{TTTSettings().steps}; a P-EAGLE or DFlash draft: "
+                                     "its block's proposals, at most those)."),
     topk: int = typer.Option(1, min=1, max=16, help="Generation: children of each expanded "
                              "tree node (SGLang's --speculative-eagle-topk; 1 is a chain); "
                              "--steps is then the tree's depth (--speculative-num-steps). "

@@ -41,7 +41,6 @@ from eagle3kit.core.metrics import step_counts
 from eagle3kit.core.sharding import ArrayInfo, fan_in_init, init_weights, normal_init, ones_init
 
 MULTI_LAYER = True
-ENGINE = False  # decode/ runs EAGLE-3's step; a P-EAGLE block pass is not wired into it yet
 MODEL_TYPE = "peagle"  # speculators_model_type and speculators_config.algorithm
 ARCHITECTURE = "PEagleSpeculator"
 DEFAULT_BLOCK = 8  # speculators' num_depths
@@ -111,7 +110,7 @@ def block_inputs(w: PEagleWeights, cfg: DraftConfig, tokens_BxT: jax.Array,
     return embeds, draft.fuse(w, cfg, aux)
 
 
-def _later_qkv(w: PEagleWeights, cfg: DraftConfig, i: int, x_BxTxD: jax.Array,
+def later_qkv(w: PEagleWeights, cfg: DraftConfig, i: int, x_BxTxD: jax.Array,
                positions_BxT: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """q, k, v of later layer i (0-based among the stacked ones), a plain Llama layer."""
     inv_freq = jnp.asarray(cfg.rope.inv_freq(cfg.head_dim))
@@ -121,14 +120,14 @@ def _later_qkv(w: PEagleWeights, cfg: DraftConfig, i: int, x_BxTxD: jax.Array,
     return q, k, jnp.einsum("btd,dkh->btkh", h, w.layers_v[i])
 
 
-def _later_finish(w: PEagleWeights, cfg: DraftConfig, i: int, x_BxTxD: jax.Array,
+def later_finish(w: PEagleWeights, cfg: DraftConfig, i: int, x_BxTxD: jax.Array,
                   attn_BxTxNxH: jax.Array) -> jax.Array:
     x = x_BxTxD + jnp.einsum("btnh,nhd->btd", attn_BxTxNxH, w.layers_o[i])
     return x + swiglu(rms_norm(x, w.layers_post_attn_norm[i], cfg.rms_norm_eps),
                       w.layers_gate[i], w.layers_up[i], w.layers_down[i])
 
 
-def _head_cfg(cfg: DraftConfig) -> DraftConfig:
+def head_config(cfg: DraftConfig) -> DraftConfig:
     """No state is carried between passes: the head always norms (norm_output off)."""
     return dataclasses.replace(cfg, norm_output=False)
 
@@ -138,11 +137,11 @@ def forward(w: PEagleWeights, cfg: DraftConfig, tokens_BxT: jax.Array, aux_BxTxA
     """Draft logits [B, T, Vd] of every column in one pass; `mask` [B, T, T] says which
     columns a column attends to (the block mask of the module docstring)."""
     embeds, g = block_inputs(w, cfg, tokens_BxT, aux_BxTxA, real_BxT)
-    h, _ = draft.step(w, _head_cfg(cfg), embeds, g, positions_BxT, draft.masked(mask_BxTxT))
+    h, _ = draft.step(w, head_config(cfg), embeds, g, positions_BxT, draft.masked(mask_BxTxT))
     for i in range(cfg.num_layers - 1):
-        q, k, v = _later_qkv(w, cfg, i, h, positions_BxT)
-        h = _later_finish(w, cfg, i, h, attend(q, k, v, mask_BxTxT))
-    return draft.head(w, _head_cfg(cfg), h)
+        q, k, v = later_qkv(w, cfg, i, h, positions_BxT)
+        h = later_finish(w, cfg, i, h, attend(q, k, v, mask_BxTxT))
+    return draft.head(w, head_config(cfg), h)
 
 
 def block_mask(anchor_T: jax.Array, depth_T: jax.Array, segment_T: jax.Array) -> jax.Array:
@@ -175,7 +174,7 @@ def block_logits(w: PEagleWeights, cfg: DraftConfig, sig: Any, batch: Any,
     column t does (input x[t+1] and aux[t] at d = 0, the mask token and `mask_hidden` after;
     position positions[t] + d) and attends to the same keys (the depth-0 columns up to t in
     its document, and its own block up to d), so TTT's blockwise attention serves."""
-    K, head_cfg = ttt_cfg.steps, _head_cfg(cfg)
+    K, head_cfg = ttt_cfg.steps, head_config(cfg)
     emb0 = jnp.take(w.embed, ttt_lib.shift(batch.tokens, 1), axis=0)
     g0 = draft.fuse(w, cfg, sig.aux_BxTxA.astype(w.fc.dtype))
     emb_mask = jnp.broadcast_to(w.embed[cfg.mask_token_id], emb0.shape)
@@ -197,9 +196,9 @@ def block_logits(w: PEagleWeights, cfg: DraftConfig, sig: Any, batch: Any,
               for a, p in zip(outs, ps, strict=True)]
     for i in range(cfg.num_layers - 1):
         with jax.named_scope(f"peagle_layer{i + 1}"):
-            qkv = [_later_qkv(w, cfg, i, hs[d], positions[d]) for d in range(K)]
+            qkv = [later_qkv(w, cfg, i, hs[d], positions[d]) for d in range(K)]
             outs = attention(*zip(*qkv, strict=True))
-            hs = [_later_finish(w, cfg, i, h, a) for h, a in zip(hs, outs, strict=True)]
+            hs = [later_finish(w, cfg, i, h, a) for h, a in zip(hs, outs, strict=True)]
     return [draft.head(w, head_cfg, h) for h in hs]
 
 

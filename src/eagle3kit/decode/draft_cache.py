@@ -37,12 +37,12 @@ from eagle3kit.core.layers import attend
 class DraftKV:
     """The draft layer's keys and values by position."""
 
-    k: Any  # B,S,K,H
+    k: Any  # B,S,K,H (a draft of Y layers: B,S,Y*K,H, decode/parallel_draft.py)
     v: Any  # B,S,K,H
 
     @staticmethod
     def zeros(cfg: DraftConfig, batch: int, max_len: int, dtype: Any) -> DraftKV:
-        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (batch, max_len, cfg.num_layers * cfg.num_kv_heads, cfg.head_dim)
         return DraftKV(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
 

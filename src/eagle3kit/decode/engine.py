@@ -65,7 +65,7 @@ from jax.sharding import Mesh, NamedSharding
 from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import batch_ways, spec_for, use_mesh
-from eagle3kit.decode import draft_cache, row_cache, speculative
+from eagle3kit.decode import draft_cache, parallel_draft, row_cache, speculative
 from eagle3kit.decode.kv_attention import (  # noqa: F401 (read from here too)
     KV_ATTENTION,
     KVAttention,
@@ -334,6 +334,8 @@ class Engine:
         spec = speculation
         if spec is not None:
             spec.dec.check()
+            if parallel_draft.is_parallel(spec.dcfg):
+                parallel_draft.check(spec.dcfg, spec.dec.steps, spec.dec.topk)
             if cfg.sampling != Sampling(spec.dec.temperature):
                 raise ValueError("speculative decoding samples at the drafting temperature "
                                  "alone (no top-p, top-k): pass Sampling(dec.temperature)")
@@ -705,7 +707,8 @@ def memory_estimate(tcfg: TargetConfig, cfg: EngineConfig, dtype: Any,
     kv = 2 * tcfg.num_kv_heads * tcfg.head_dim * item  # one slot's keys and values, one layer
     cache = tcfg.num_layers * c * s * kv
     if spec is not None:
-        cache += c * s * 2 * spec.dcfg.num_kv_heads * spec.dcfg.head_dim * \
+        d = spec.dcfg  # a cache layer per draft layer (decode/parallel_draft.py)
+        cache += c * s * 2 * d.num_layers * d.num_kv_heads * d.head_dim * \
             jnp.dtype(spec.draft_w.fc.dtype).itemsize
     step = (tcfg.num_layers * c * s * kv + c * t * tcfg.num_heads * s * 4
             + 3 * c * t * tcfg.vocab_size * 4)

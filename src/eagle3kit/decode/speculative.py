@@ -38,7 +38,7 @@ from eagle3kit.core import draft, target
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.sharding import RULES
 from eagle3kit.core.vocab_arrays import VocabArrays
-from eagle3kit.decode import draft_cache, row_cache, tree
+from eagle3kit.decode import draft_cache, parallel_draft, row_cache, tree
 from eagle3kit.decode.sampling import pick
 
 
@@ -155,8 +155,10 @@ def extend_rows(spec: Speculation, target_w, aux_CxTxA, next_CxT, start_C, h_at_
                 dcache: draft_cache.DraftKV, data: int):
     """The draft's step-0 entries of columns start..start+T-1 of each row ->
     (the h of column start + h_at [C,1,D], the draft cache [C,S,Kd,H])."""
+    fill = parallel_draft.extend if parallel_draft.is_parallel(spec.dcfg) else draft_cache.extend
+
     def one(aux, nxt, start, at, k, v):
-        h, c = draft_cache.extend(spec.draft_w, spec.dcfg, target_w, aux[None], nxt[None],
+        h, c = fill(spec.draft_w, spec.dcfg, target_w, aux[None], nxt[None],
                                   start, draft_cache.DraftKV(k[None], v[None]))
         return jax.lax.dynamic_slice_in_dim(h[0], at, 1, axis=0), c.k[0], c.v[0]
 
@@ -184,13 +186,19 @@ def verify_rows(spec: Speculation, tcfg: TargetConfig, target_w: target.LayerLis
             t = rows_vmap(grow, data)(h_C, token_C, n_C, dcache.k, dcache.v)
             tokens, positions, block = t.tokens, n_C[:, None] + t.depth, t.ancestors
         else:
-            def chain(h, n, key, k, v):
-                idx, probs, cache = draft_chain(draft_w, dcfg, target_w, vocab, h[None], n,
-                                                draft_cache.DraftKV(k[None], v[None]), key,
-                                                dec.steps, dec.temperature)
+            def chain(h, x_n, n, key, k, v):
+                cache = draft_cache.DraftKV(k[None], v[None])
+                if parallel_draft.is_parallel(dcfg):  # one pass proposes the block
+                    idx, probs, cache = parallel_draft.draft_block(
+                        draft_w, dcfg, target_w, vocab, h[None], x_n, n, cache, key,
+                        dec.steps, dec.temperature)
+                else:
+                    idx, probs, cache = draft_chain(draft_w, dcfg, target_w, vocab, h[None], n,
+                                                    cache, key, dec.steps, dec.temperature)
                 return idx, probs, cache.k[0], cache.v[0]
 
-            idx, probs, dk, dv = rows_vmap(chain, data)(h_C, n_C, draft_keys, dcache.k, dcache.v)
+            idx, probs, dk, dv = rows_vmap(chain, data)(h_C, token_C, n_C, draft_keys, dcache.k,
+                                                        dcache.v)
             dcache = draft_cache.DraftKV(dk, dv)
             ids = vocab.draft_to_target[idx]
             tokens = jnp.concatenate([token_C[:, None], ids], axis=1)

@@ -37,6 +37,7 @@ from eagle3kit.data.prompts import PromptSet, load_prompts
 from eagle3kit.data.records import GenerationSample, TokenRecord, display_name, encode
 from eagle3kit.data.tokenizer import load_chat_template
 from eagle3kit.data.tokenizing import make_renderer
+from eagle3kit.decode import parallel_draft
 from eagle3kit.decode.acceptance import acceptance_summary
 from eagle3kit.decode.conversations import Dialogue, Turn
 from eagle3kit.decode.engine import Request
@@ -136,6 +137,20 @@ def check_shape(cfg: EvalConfig, steps_from: str = "") -> None:
                         f"{decode_config(cfg).nodes}: {e}") from None
 
 
+def check_block(cfg: EvalConfig, dcfg) -> EvalConfig:
+    """A parallel drafter (decode/parallel_draft.py) verifies the tokens of its one pass: by
+    default all of them, --steps N the first N; no trees, no sweep of chain shapes."""
+    if cfg.sweep:
+        raise UserError(f"--sweep tries chain and tree shapes; a {dcfg.arch} draft proposes "
+                        f"one block (measure it with --concurrency)")
+    cfg = dataclasses.replace(cfg, steps=cfg.steps or parallel_draft.proposals(dcfg))
+    try:
+        parallel_draft.check(dcfg, cfg.steps, cfg.topk)
+    except ValueError as e:
+        raise UserError(f"{cfg.draft}: --steps {cfg.steps} --topk {cfg.topk}: {e}") from None
+    return cfg
+
+
 def prompt_renderer(tokenizer: Any, cfg: EvalConfig) -> Renderer:
     """Renders prompts with --chat-template or the tokenizer's own, in the --thinking mode
     (refused on a template without a thinking switch)."""
@@ -172,11 +187,8 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
             raise UserError(f"cannot tell which tokenizer made the data: {cfg.target} has no "
                             "tokenizer files and the draft records none")
         key = Fingerprint.from_json(draft.fingerprints["tokenizer"]).key
-    if generate and draft.config.method != "eagle3":
-        # the engine drafts with EAGLE-3's step; a block drafter's decoding is not wired yet
-        raise UserError(f"{cfg.draft} is a {draft.config.arch} draft: `eval --prompts` "
-                        "decodes EAGLE-3 drafts only; measure it with `eval --data` "
-                        "(teacher-forced) or serve its export (docs/serving.md)")
+    if generate and parallel_draft.is_parallel(draft.config):
+        cfg = check_block(cfg, draft.config)
     if cfg.steps is None:
         cfg = dataclasses.replace(cfg, steps=trained_steps(draft))
         check_shape(cfg, " (the draft's --ttt-length)")
@@ -269,7 +281,8 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
     render = (renderer or prompt_renderer(tokenizer, cfg)).prompt_ids  # the served mode
     firsts = [render(d.prompt()) for d in dialogues]
     for conv, ids in zip(prompts.conversations, firsts, strict=True):  # fail before compiling
-        _check_context(conv.id, 1, len(ids), cfg.max_new_tokens, context, prompts.name)
+        _check_context(conv.id, 1, len(ids), cfg.max_new_tokens, context, prompts.name,
+                       dec.verified)
     # request j (the j-th turn of the set, in order) samples from stream j at every batch size
     offsets = [sum(len(c.turns) for c in prompts.conversations[:i])
                for i in range(len(prompts.conversations))]
@@ -298,7 +311,7 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
             return None
         ids = firsts[c] if turn == 0 else render(dialogues[c].prompt())
         _check_context(prompts.conversations[c].id, turn + 1, len(ids), cfg.max_new_tokens,
-                       context, prompts.name)
+                       context, prompts.name, dec.verified)
         return ids
 
     def run(request: Request, speculative: bool) -> tuple[Any, float]:
@@ -387,11 +400,15 @@ def _longest_prompt(dialogue: Dialogue, render, max_new: int) -> int:
 
 
 def _check_context(cid: str, turn: int, length: int, max_new: int, context: int,
-                   where: str) -> None:
-    if length + max_new > context:
+                   where: str, verified: int = 0) -> None:
+    """The prompt, the answer and the tokens one verify step writes past it (a chain's
+    K + 1, a tree's nodes, a parallel draft's block) in the target's positions."""
+    if length + max_new + verified > context:
+        block = f" + one verify's {verified} draft tokens" if verified else ""
         raise InputError(f"conversation {cid!r} turn {turn}: {length} prompt tokens + "
-                         f"--max-new-tokens {max_new} exceed the target's context of {context} "
-                         "tokens; shorten the prompt or lower --max-new-tokens", path=where)
+                         f"--max-new-tokens {max_new}{block} exceed the target's context of "
+                         f"{context} tokens; shorten the prompt, lower --max-new-tokens or the "
+                         "draft's block (--steps)", path=where)
 
 
 def stop_ids(tokenizer: Any, ckpt: TargetCheckpoint, renderer: Renderer | None = None
