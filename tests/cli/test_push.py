@@ -180,3 +180,26 @@ def test_a_users_own_card_is_kept(export):
 def test_help_has_a_runnable_example():
     r = runner.invoke(app, ["push", "--help"], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and "Example:" in r.output and "--dry-run" in r.output
+
+
+GENERATE = {"mode": "generate", "dataset": "humaneval", "acc": [0.84, 0.8], "tau": 4.4,
+            "tau_generate": 3.97, "speedup": 2.9, "device": "NVIDIA H200", "steps": 7,
+            "topk": 1, "draft_tokens": 8, "temperature": 0.0}
+
+
+def test_evals_of_one_data_set_at_two_shapes_read_apart(export, tmp_path):
+    """A chain and a tree on the same prompts: each row and heading names its shape (the
+    eval's steps/topk/draft_tokens); a teacher-forced row names its data as before."""
+    shapes = {"k7": {}, "tree": {"steps": 5, "topk": 4, "draft_tokens": 8, "speedup": 2.85}}
+    for name, extra in shapes.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(GENERATE | extra))
+    (tmp_path / "tf.json").write_text(json.dumps(EVAL))
+    r = push(export, "--repo-id", "my-org/x", "--dry-run", *(
+        a for f in ("k7", "tree", "tf") for a in ("--eval", tmp_path / f"{f}.json")))
+    assert r.exit_code == 0, r.output
+    text = (export / "README.md").read_text()
+    chain, tree = "humaneval, chain K=7", "humaneval, tree 5/4/8 (depth 5, top-4, 8 tokens)"
+    assert f"| {chain} | 3.97 | 84.0% | 80.0% | - | 2.90x |" in text
+    assert f"| {tree} | 3.97 | 84.0% | 80.0% | - | 2.85x |" in text
+    assert f"\n### {chain}\n" in text and f"\n### {tree}\n" in text
+    assert "| mt-bench (teacher-forced) | 2.31 |" in text and "(generate)" not in text

@@ -283,7 +283,19 @@ def _eval_title(e: EvalResult) -> str:
     name = e.dataset or "unnamed data"
     if "/" in name and not name.startswith("hf:"):
         name = name.rsplit("/", 1)[-1]  # a local path says nothing to the card's reader
-    return f"{name} ({e.mode})"
+    return f"{name}{_drafting_shape(e) or f' ({e.mode})'}"
+
+
+def _drafting_shape(e: EvalResult) -> str:
+    """", chain K=7" or ", tree 5/4/8 (...)" for a generation eval that recorded its shape:
+    two evals of one data set at different shapes must read apart; "" otherwise."""
+    if e.mode != "generate" or e.steps is None:
+        return ""
+    if (e.topk or 1) <= 1:
+        return f", chain K={e.steps}"
+    nodes = "?" if e.draft_tokens is None else e.draft_tokens
+    return (f", tree {e.steps}/{e.topk}/{nodes} (depth {e.steps}, top-{e.topk}, {nodes} "
+            "tokens)")
 
 
 def performance(c: CardInputs) -> str:
