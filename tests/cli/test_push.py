@@ -203,3 +203,26 @@ def test_evals_of_one_data_set_at_two_shapes_read_apart(export, tmp_path):
     assert f"| {tree} | 3.97 | 84.0% | 80.0% | - | 2.85x |" in text
     assert f"\n### {chain}\n" in text and f"\n### {tree}\n" in text
     assert "| mt-bench (teacher-forced) | 2.31 |" in text and "(generate)" not in text
+
+
+# what every `train` run records, whatever its --arch (jobs/config.TrainConfig)
+PARALLEL_OPTIONS = {"anchors": 0, "block_size": 8, "draft_layers": 1, "mask_token_id": 5}
+
+
+def test_a_methods_own_options_show_only_for_that_method(target, tmp_path):
+    """An EAGLE-3.1 run records DFlash's --block-size, --draft-layers, --anchors too; its
+    card shows none of them, a DFlash draft's card shows all (core/arches.py `options`)."""
+    from tests.formats.test_dflash_formats import make_dflash
+
+    training = {"epochs": 3, "ttt_length": 7, "seed": 0, **PARALLEL_OPTIONS}
+    d31 = make_draft(target, arch="eagle3.1", training={**training, "arch": "eagle3.1"})
+    dfl = make_dflash(target)
+    dfl.training = {**training, "arch": "dflash"}
+    for d, fmt, shown in ((d31, "sglang", False), (dfl, "speculators", True)):
+        export = export_draft(d, fmt, tmp_path / d.config.arch)
+        r = push(export, "--repo-id", "my-org/x", "--dry-run")
+        assert r.exit_code == 0, r.output
+        text = (export / "README.md").read_text()
+        assert f"| arch | {d.config.arch} |" in text and "| seed | 0 |" in text
+        for key, value in PARALLEL_OPTIONS.items():
+            assert (f"| {key} | {value} |" in text) is shown, (d.config.arch, key)

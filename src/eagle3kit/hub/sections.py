@@ -181,7 +181,7 @@ def _present(t: dict[str, Any], *keys: str) -> bool:
     return all(t.get(k) is not None for k in keys)
 
 
-def _training_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
+def _training_rows(t: dict[str, Any], arch: str) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
 
     def add(label: str, value: str | None) -> None:
@@ -232,7 +232,7 @@ def _training_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
     add("Precision", ", ".join(precision))
     if _present(t, "wall_time_s"):
         add("Training time", _duration(float(t["wall_time_s"])))
-    for key in sorted(set(t) - _FOLDED - _OPERATIONAL):
+    for key in sorted(set(t) - _FOLDED - _OPERATIONAL - arches.foreign_options(arch)):
         if t[key] is not None and len(_num(t[key])) <= 80:
             add(key, _num(t[key]))
     return rows
@@ -271,7 +271,7 @@ def _loss(t: dict[str, Any]) -> str:
 
 
 def training(c: CardInputs) -> str:
-    rows = [("Framework", f"eagle3kit {__version__}, pure JAX"), *_training_rows(c.training)]
+    rows = [("Framework", f"eagle3kit {__version__}, pure JAX"), *_training_rows(c.training, c.draft.arch)]
     text = "## Training details\n\n" + _table(("Parameter", "Value"), rows)
     if len(rows) == 1:
         origin = f" from `{c.source}`" if c.source else ""
