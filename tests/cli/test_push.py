@@ -11,6 +11,7 @@ import pytest
 from huggingface_hub import ModelCard
 from typer.testing import CliRunner
 
+import eagle3kit
 from eagle3kit.cli.app import app
 from eagle3kit.formats import export_draft
 from eagle3kit.io.draft_io import save_draft
@@ -226,3 +227,16 @@ def test_a_methods_own_options_show_only_for_that_method(target, tmp_path):
         assert f"| arch | {d.config.arch} |" in text and "| seed | 0 |" in text
         for key, value in PARALLEL_OPTIONS.items():
             assert (f"| {key} | {value} |" in text) is shown, (d.config.arch, key)
+
+
+def test_the_card_names_the_recipe_it_is_given(export):
+    """--recipe is the Training details' row after Framework (issue 35); without it the
+    card has no such row."""
+    recipe = "examples/qwen2.5-coder-1.5b/Makefile VERSION=v2"
+    for given, row in ((["--recipe", recipe], f"| Recipe | {recipe} |\n"), ([], "")):
+        r = push(export, "--repo-id", "my-org/x", "--dry-run", *given)
+        assert r.exit_code == 0, r.output
+        text = (export / "README.md").read_text()
+        assert f"| Framework | eagle3kit {eagle3kit.__version__}, pure JAX |\n{row}| Epochs |" \
+            in text
+        assert ("| Recipe |" in text) is bool(given)

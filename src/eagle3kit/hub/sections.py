@@ -238,6 +238,11 @@ def _training_rows(t: dict[str, Any], arch: str) -> list[tuple[str, str]]:
     return rows
 
 
+def _cell(text: str) -> str:
+    """Free text as one table cell: one line, its pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def _epochs(t: dict[str, Any]) -> str:
     """The epochs trained: --epochs, unless --max-steps stopped the run sooner (then the share
     of the planned steps, when the run recorded them, else what stopped it)."""
@@ -271,9 +276,11 @@ def _loss(t: dict[str, Any]) -> str:
 
 
 def training(c: CardInputs) -> str:
-    rows = [("Framework", f"eagle3kit {__version__}, pure JAX"), *_training_rows(c.training, c.draft.arch)]
+    recorded = _training_rows(c.training, c.draft.arch)
+    rows = [("Framework", f"eagle3kit {__version__}, pure JAX"),
+            *([("Recipe", _cell(c.recipe))] if c.recipe else []), *recorded]
     text = "## Training details\n\n" + _table(("Parameter", "Value"), rows)
-    if len(rows) == 1:
+    if not recorded:
         origin = f" from `{c.source}`" if c.source else ""
         text += f"\nNo training configuration was recorded: this draft was imported{origin}.\n"
     return text
