@@ -197,7 +197,9 @@ qcard)  # the exports a user serves and the card `push` writes into the SGLang o
   done
   evals=(); for e in "$Q"/qeval-*.json; do [ -s "$e" ] && evals+=(--eval "$e"); done
   $E3K push "$Q/export/sglang" --repo-id "${REPO_ID:-your-org/Qwen2.5-Coder-1.5B-Instruct-Eagle3-v2}" \
-    --dry-run "${evals[@]}" 2>&1 | tail -n 3
+    --dry-run "${evals[@]}" \
+    --recipe "examples/qwen2.5-coder-1.5b/Makefile VERSION=v2 (benchmarks/qwen_session.sh)" \
+    2>&1 | tail -n 3
   cp "$Q/export/sglang/README.md" "$OUTDIR/qwen-card.md"
   cp "$Q/export/sglang/config.json" "$OUTDIR/qwen-sglang-config.json"
   cp "$Q/export/speculators/config.json" "$OUTDIR/qwen-speculators-config.json"

@@ -82,6 +82,9 @@ SPEC_STEPS ?= $(TTT)
 SPECULATIVE_TOKENS ?= 3# the num_speculative_tokens vLLM defaults to (speculators export)
 HF_ORG ?= your-org# a placeholder `push` refuses: set HF_ORG or REPO_ID
 REPO_ID ?= $(HF_ORG)/$(NAME)-Eagle3$(if $(filter v1,$(VERSION)),,-$(VERSION))
+# what the card names as the draft's recipe: the per-target Makefile (make -f's, as the
+# repository lays it out) and VERSION
+RECIPE ?= examples/$(notdir $(patsubst %/,%,$(dir $(firstword $(MAKEFILE_LIST)))))/Makefile VERSION=$(VERSION)
 EXPORT_FORMATS ?= sglang speculators# both read eagle3 and eagle3.1 drafts (docs/serving.md)
 PUSH_FORMAT ?= $(firstword $(filter sglang,$(EXPORT_FORMATS)) $(EXPORT_FORMATS))# the export published
 PUSH_FLAGS ?=# e.g. --private, or --dry-run
@@ -245,7 +248,7 @@ $(DIR)/export/%/eagle3kit.json: $(FINAL)
 # 6. the model card (README.md in the export), from the run's record and the eval results
 $(CARD): $(DIR)/export/$(PUSH_FORMAT)/eagle3kit.json $(EVALS)
 	$(E3K) push $(DIR)/export/$(PUSH_FORMAT) --repo-id $(REPO_ID) --dry-run \
-	  $(foreach e,$(EVALS),--eval $(e))
+	  --recipe '$(RECIPE)' $(foreach e,$(EVALS),--eval $(e))
 
 # 7. publish (rewrites the card first; PUSH_FLAGS=--dry-run stops short of the network);
 #    never to the placeholder organisation
@@ -253,7 +256,7 @@ push: $(CARD)
 	$(if $(filter your-org/%,$(REPO_ID)),$(error REPO_ID=$(REPO_ID) is the placeholder: set \
 	  HF_ORG=your-hub-organisation (or REPO_ID=ORG/NAME) to push))
 	$(E3K) push $(DIR)/export/$(PUSH_FORMAT) --repo-id $(REPO_ID) \
-	  $(foreach e,$(EVALS),--eval $(e)) $(PUSH_FLAGS)
+	  --recipe '$(RECIPE)' $(foreach e,$(EVALS),--eval $(e)) $(PUSH_FLAGS)
 
 clean-run:
 	rm -rf $(RUN) $(DIR)/eval-*.json $(DIR)/samples-*.jsonl $(DIR)/export

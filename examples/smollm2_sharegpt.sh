@@ -126,5 +126,6 @@ if [ "$ARCH" = eagle3.1 ]; then CARD_DIR=$OUT/export/speculators; fi
 $E3K convert "$OUT/run/final" --to speculators -o "$OUT/export/speculators" --force \
   --target-name "$TARGET_NAME" --speculative-tokens "$TTT"
 $E3K push "$CARD_DIR" --repo-id "$REPO_ID" --dry-run \
+  --recipe "examples/smollm2_sharegpt.sh VERSION=$VERSION" \
   --eval "$OUT/eval-heldout.json" --eval "$OUT/eval-mtbench.json"
 echo "done: draft in $OUT/run/final, exports in $OUT/export, results in $OUT/eval-*.json" >&2

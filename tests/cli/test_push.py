@@ -11,6 +11,7 @@ import pytest
 from huggingface_hub import ModelCard
 from typer.testing import CliRunner
 
+import eagle3kit
 from eagle3kit.cli.app import app
 from eagle3kit.formats import export_draft
 from eagle3kit.io.draft_io import save_draft
@@ -180,3 +181,62 @@ def test_a_users_own_card_is_kept(export):
 def test_help_has_a_runnable_example():
     r = runner.invoke(app, ["push", "--help"], env={"COLUMNS": "250"})
     assert r.exit_code == 0 and "Example:" in r.output and "--dry-run" in r.output
+
+
+GENERATE = {"mode": "generate", "dataset": "humaneval", "acc": [0.84, 0.8], "tau": 4.4,
+            "tau_generate": 3.97, "speedup": 2.9, "device": "NVIDIA H200", "steps": 7,
+            "topk": 1, "draft_tokens": 8, "temperature": 0.0}
+
+
+def test_evals_of_one_data_set_at_two_shapes_read_apart(export, tmp_path):
+    """A chain and a tree on the same prompts: each row and heading names its shape (the
+    eval's steps/topk/draft_tokens); a teacher-forced row names its data as before."""
+    shapes = {"k7": {}, "tree": {"steps": 5, "topk": 4, "draft_tokens": 8, "speedup": 2.85}}
+    for name, extra in shapes.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(GENERATE | extra))
+    (tmp_path / "tf.json").write_text(json.dumps(EVAL))
+    r = push(export, "--repo-id", "my-org/x", "--dry-run", *(
+        a for f in ("k7", "tree", "tf") for a in ("--eval", tmp_path / f"{f}.json")))
+    assert r.exit_code == 0, r.output
+    text = (export / "README.md").read_text()
+    chain, tree = "humaneval, chain K=7", "humaneval, tree 5/4/8 (depth 5, top-4, 8 tokens)"
+    assert f"| {chain} | 3.97 | 84.0% | 80.0% | - | 2.90x |" in text
+    assert f"| {tree} | 3.97 | 84.0% | 80.0% | - | 2.85x |" in text
+    assert f"\n### {chain}\n" in text and f"\n### {tree}\n" in text
+    assert "| mt-bench (teacher-forced) | 2.31 |" in text and "(generate)" not in text
+
+
+# what every `train` run records, whatever its --arch (jobs/config.TrainConfig)
+PARALLEL_OPTIONS = {"anchors": 0, "block_size": 8, "draft_layers": 1, "mask_token_id": 5}
+
+
+def test_a_methods_own_options_show_only_for_that_method(target, tmp_path):
+    """An EAGLE-3.1 run records DFlash's --block-size, --draft-layers, --anchors too; its
+    card shows none of them, a DFlash draft's card shows all (core/arches.py `options`)."""
+    from tests.formats.test_dflash_formats import make_dflash
+
+    training = {"epochs": 3, "ttt_length": 7, "seed": 0, **PARALLEL_OPTIONS}
+    d31 = make_draft(target, arch="eagle3.1", training={**training, "arch": "eagle3.1"})
+    dfl = make_dflash(target)
+    dfl.training = {**training, "arch": "dflash"}
+    for d, fmt, shown in ((d31, "sglang", False), (dfl, "speculators", True)):
+        export = export_draft(d, fmt, tmp_path / d.config.arch)
+        r = push(export, "--repo-id", "my-org/x", "--dry-run")
+        assert r.exit_code == 0, r.output
+        text = (export / "README.md").read_text()
+        assert f"| arch | {d.config.arch} |" in text and "| seed | 0 |" in text
+        for key, value in PARALLEL_OPTIONS.items():
+            assert (f"| {key} | {value} |" in text) is shown, (d.config.arch, key)
+
+
+def test_the_card_names_the_recipe_it_is_given(export):
+    """--recipe is the Training details' row after Framework (issue 35); without it the
+    card has no such row."""
+    recipe = "examples/qwen2.5-coder-1.5b/Makefile VERSION=v2"
+    for given, row in ((["--recipe", recipe], f"| Recipe | {recipe} |\n"), ([], "")):
+        r = push(export, "--repo-id", "my-org/x", "--dry-run", *given)
+        assert r.exit_code == 0, r.output
+        text = (export / "README.md").read_text()
+        assert f"| Framework | eagle3kit {eagle3kit.__version__}, pure JAX |\n{row}| Epochs |" \
+            in text
+        assert ("| Recipe |" in text) is bool(given)

@@ -103,6 +103,7 @@ def test_make_n_prints_the_v2_recipe(tmp_path):
     assert [a[a.index("--to") + 1] for a in cmds["convert"]] == ["sglang", "speculators"]
     (push,) = cmds["push"]  # the card goes into the SGLang export, which reads EAGLE-3.1
     assert push[0].endswith("/export/sglang")
+    assert flags(push)["--recipe"] == "examples/qwen2.5-coder-1.5b/Makefile VERSION=v2"
     assert all(flags(a)["--target-name"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
                for a in cmds["convert"])
     assert {a[a.index("--prompts") + 1] for a in cmds["eval"] if "--prompts" in a} == {

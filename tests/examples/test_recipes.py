@@ -123,8 +123,10 @@ def check_card(card: str, family: str, prompt_sets: tuple[str, ...] = ()) -> Non
                 "T=128, gradient accumulation 1 |", "| Learning rate | 0.0003 peak"):
         assert row in card, row
     # one acceptance row per eval file the recipe wrote
-    for title in ("heldout.jsonl (teacher-forced)", *(f"{p} (generate)" for p in prompt_sets)):
-        assert f"| {title} |" in card, title
+    assert "| heldout.jsonl (teacher-forced) |" in card
+    assert re.search(r"\| Recipe \| examples/[\w.-]+/Makefile VERSION=v[12] \|", card), card
+    for p in prompt_sets:  # a generation row names its drafting shape (the recipe's chain)
+        assert re.search(rf"\| {re.escape(p)}, chain K=\d+ \|", card), p
     assert "python -m sglang.launch_server" in card and "vllm serve" in card
     assert "## Limitations" in card
 
@@ -265,5 +267,8 @@ def test_plain_make_uploads_nothing_and_finds_sharegpt(family, tmp_path):
     assert r.returncode != 0 and "is the placeholder: set HF_ORG" in r.stderr, r.stderr
     *card, push = eagle3kit(commands(family, "push", out, "SHAREGPT=s.json", "HF_ORG=me"))["push"]
     assert push[push.index("--repo-id") + 1].startswith("me/") and "--dry-run" not in push
+    # the card names the recipe: the per-target Makefile and its VERSION
+    recipe = f"examples/{RECIPES[family].parent.name}/Makefile VERSION=v1"
+    assert [flags(a)["--recipe"] for a in (*card, push)] == [recipe] * (len(card) + 1)
     (mix,) = eagle3kit(commands(family, "data", out, f"PY={sys.executable}"))["mix"]
     assert mix[0] == f"{assets.sharegpt_path()}:0.45"

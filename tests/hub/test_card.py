@@ -136,7 +136,8 @@ def test_python_usage_and_qwen3_thinking_mode(target, sglang_export, tmp_path):
 def test_acceptance_tables(sglang_export, tmp_path):
     text = card.render_card(sglang_export, "my-org/x", evals=_evals(tmp_path))
     assert "| mt-bench (teacher-forced) | 2.41 | 60.5% | 58.2% | 57.2% | - |" in text
-    assert "| humaneval (generate) | 2.64 | 70.0% | 65.0% | - | 2.31x |" in text
+    assert "| humaneval, chain K=3 | 2.64 | 70.0% | 65.0% | - | 2.31x |" in text
+    assert "### humaneval, chain K=3\n" in text
     assert "- tau (generation, pooled over verify steps): 2.64" in text
     assert "- tau (generation, mean per request): 2.51" in text
     assert "Draft tree" not in text  # chains say nothing of trees

@@ -30,6 +30,9 @@ def push(
     commit_message: str | None = typer.Option(None, help="Commit message."),
     license_id: str | None = typer.Option(None, "--license", help="License id for the card "
                                           "(default: the target's, where known)."),
+    recipe: str | None = typer.Option(None, help="What produced the draft (e.g. a recipe's "
+                                      "file and version), named in the card's training "
+                                      "details."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Write README.md and list what "
                                  "would be uploaded; no network."),
 ) -> None:
@@ -49,7 +52,8 @@ def push(
     route_warnings()
     evals = [e for path in eval_results for e in card.load_evals(path)]
     hub_push.check_repo_id(repo_id)
-    text = card.render_card(export_dir, repo_id, evals=evals, license=license_id)
+    text = card.render_card(export_dir, repo_id, evals=evals, license=license_id,
+                            recipe=recipe)
     token = None if dry_run else hub_push.resolve_token()  # fail before writing anything
     path, written = hub_push.write_card(export_dir, text)
     if written:

@@ -3,8 +3,10 @@ architecture (at the end of this module; docs/architecture.md, "How to add a dra
 
 A registration names the architecture (`train --arch`, a draft's `DraftConfig.arch`), the name
 a reader knows it by (model cards, --help), one clause for --help, the `DraftConfig.method`
-it is built on, the boolean `DraftConfig` fields it turns on, and the module that implements
-the method, imported on first use. The module defines
+it is built on, the boolean `DraftConfig` fields it turns on, the `train` options (fields of
+jobs/config.TrainConfig) only its method reads, and the module that implements the method,
+imported on first use. Every run records every option, so the model card shows a method's
+own options only for its drafts (`foreign_options`). The module defines
 
     Weights                             the weights' pytree class: `Weights.abstract(cfg,
                                         dtype)` describes every array, `Weights(**arrays)`
@@ -48,6 +50,7 @@ class DraftArch:
     method: str
     flags: tuple[str, ...]
     module: str | ModuleType
+    options: tuple[str, ...] = ()
 
     @property
     def impl(self) -> Any:
@@ -58,10 +61,11 @@ _ARCHES: Registry[DraftArch] = Registry("draft architecture")
 
 
 def register(name: str, display: str, module: str | ModuleType, *, summary: str = "",
-             method: str | None = None, flags: tuple[str, ...] = ()) -> DraftArch:
+             method: str | None = None, flags: tuple[str, ...] = (),
+             options: tuple[str, ...] = ()) -> DraftArch:
     """Adds an architecture (`method` defaults to `name`); --arch lists them in this order."""
     return _ARCHES.add(name, DraftArch(name, display, summary, method or name, tuple(flags),
-                                       module))
+                                       module, tuple(options)))
 
 
 unregister, names, arches, get = _ARCHES.remove, _ARCHES.names, _ARCHES.values, _ARCHES.get
@@ -78,6 +82,14 @@ def method_module(method: str) -> Any:
     if arch is None:
         raise KeyError(f"no draft architecture implements the method {method!r}")
     return arch.impl
+
+
+def foreign_options(name: str) -> set[str]:
+    """The `train` options some other method reads but the architecture `name` (or its
+    method) does not: recorded by its run at their defaults, they say nothing of its draft."""
+    arch = get(name) or get(name.split("+")[0])
+    own = {o for a in _ARCHES.values() if arch and a.method == arch.method for o in a.options}
+    return {o for a in _ARCHES.values() for o in a.options} - own
 
 
 def display(name: str) -> str:
@@ -105,4 +117,5 @@ register("peagle", "P-EAGLE", "eagle3kit.core.peagle",
                  "format only")
 register("dflash", "DFlash", "eagle3kit.core.dflash",
          summary="a block-diffusion drafter: one pass of --draft-layers layers proposes "
-                 "--block-size - 1 tokens")
+                 "--block-size - 1 tokens",
+         options=("block_size", "draft_layers", "mask_token_id", "anchors"))

@@ -136,7 +136,7 @@ def check_provenance(meta: dict[str, Any], evals, export_dir: str | os.PathLike)
 
 
 def card_inputs(export_dir: str | os.PathLike, repo_id: str, *, evals=(),
-                license: str | None = None) -> CardInputs:
+                license: str | None = None, recipe: str | None = None) -> CardInputs:
     directory = Path(export_dir)
     meta = read_export(directory)
     check_provenance(meta, evals, export_dir)
@@ -160,7 +160,7 @@ def card_inputs(export_dir: str | os.PathLike, repo_id: str, *, evals=(),
         target=target_config, draft=draft, training=meta.get("training") or {},
         dtype=meta.get("dtype", ""), speculative_tokens=tokens, files=files, serving=serving,
         evals=list(evals), license=license or target_license(name),
-        source=meta.get("source", ""),
+        source=meta.get("source", ""), recipe=recipe,
         serve_dtype=serve_dtype if serve_dtype in ("bfloat16", "float16") else "bfloat16")
 
 
@@ -218,15 +218,17 @@ def render(c: CardInputs) -> str:
 
 
 def render_card(export_dir: str | os.PathLike, repo_id: str, *, evals=(),
-                license: str | None = None) -> str:
+                license: str | None = None, recipe: str | None = None) -> str:
     """README.md text for the export at `export_dir`, to be published as `repo_id`.
 
-    `evals` are `EvalResult`s (see `load_evals`) or paths to `eagle3kit eval --json` output.
+    `evals` are `EvalResult`s (see `load_evals`) or paths to `eagle3kit eval --json` output;
+    `recipe` names what produced the draft (a row of the training table).
     """
     results: list[EvalResult] = []
     for e in evals:
         results += [e] if isinstance(e, EvalResult) else load_evals(e)
-    return render(card_inputs(export_dir, repo_id, evals=results, license=license))
+    return render(card_inputs(export_dir, repo_id, evals=results, license=license,
+                              recipe=recipe))
 
 
 def is_generated(text: str) -> bool:

@@ -66,3 +66,4 @@ class CardInputs:
     license: str | None = None
     source: str = ""
     serve_dtype: str = "bfloat16"  # the target's own dtype, for the engines' --dtype
+    recipe: str | None = None  # what made the draft, as `push --recipe` names it

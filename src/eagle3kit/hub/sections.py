@@ -181,7 +181,7 @@ def _present(t: dict[str, Any], *keys: str) -> bool:
     return all(t.get(k) is not None for k in keys)
 
 
-def _training_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
+def _training_rows(t: dict[str, Any], arch: str) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
 
     def add(label: str, value: str | None) -> None:
@@ -232,10 +232,15 @@ def _training_rows(t: dict[str, Any]) -> list[tuple[str, str]]:
     add("Precision", ", ".join(precision))
     if _present(t, "wall_time_s"):
         add("Training time", _duration(float(t["wall_time_s"])))
-    for key in sorted(set(t) - _FOLDED - _OPERATIONAL):
+    for key in sorted(set(t) - _FOLDED - _OPERATIONAL - arches.foreign_options(arch)):
         if t[key] is not None and len(_num(t[key])) <= 80:
             add(key, _num(t[key]))
     return rows
+
+
+def _cell(text: str) -> str:
+    """Free text as one table cell: one line, its pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def _epochs(t: dict[str, Any]) -> str:
@@ -271,9 +276,11 @@ def _loss(t: dict[str, Any]) -> str:
 
 
 def training(c: CardInputs) -> str:
-    rows = [("Framework", f"eagle3kit {__version__}, pure JAX"), *_training_rows(c.training)]
+    recorded = _training_rows(c.training, c.draft.arch)
+    rows = [("Framework", f"eagle3kit {__version__}, pure JAX"),
+            *([("Recipe", _cell(c.recipe))] if c.recipe else []), *recorded]
     text = "## Training details\n\n" + _table(("Parameter", "Value"), rows)
-    if len(rows) == 1:
+    if not recorded:
         origin = f" from `{c.source}`" if c.source else ""
         text += f"\nNo training configuration was recorded: this draft was imported{origin}.\n"
     return text
@@ -283,7 +290,19 @@ def _eval_title(e: EvalResult) -> str:
     name = e.dataset or "unnamed data"
     if "/" in name and not name.startswith("hf:"):
         name = name.rsplit("/", 1)[-1]  # a local path says nothing to the card's reader
-    return f"{name} ({e.mode})"
+    return f"{name}{_drafting_shape(e) or f' ({e.mode})'}"
+
+
+def _drafting_shape(e: EvalResult) -> str:
+    """", chain K=7" or ", tree 5/4/8 (...)" for a generation eval that recorded its shape:
+    two evals of one data set at different shapes must read apart; "" otherwise."""
+    if e.mode != "generate" or e.steps is None:
+        return ""
+    if (e.topk or 1) <= 1:
+        return f", chain K={e.steps}"
+    nodes = "?" if e.draft_tokens is None else e.draft_tokens
+    return (f", tree {e.steps}/{e.topk}/{nodes} (depth {e.steps}, top-{e.topk}, {nodes} "
+            "tokens)")
 
 
 def performance(c: CardInputs) -> str:
