@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,9 @@ from typer.testing import CliRunner
 from eagle3kit.cli.app import app
 from eagle3kit.core.draft import arrays as draft_arrays
 from eagle3kit.io.draft_io import load_draft
+from eagle3kit.jobs import train as train_job
 from tests import assets
+from tests.programs import traced
 
 runner = CliRunner()
 MESH = "data=4,tensor=2"  # 8 simulated CPU devices (conftest)
@@ -76,13 +79,25 @@ def a():
     return assets.train_assets()
 
 
-def test_train_resume_equals_uninterrupted(a, tmp_path):
+def test_train_resume_equals_uninterrupted(a, tmp_path, monkeypatch):
     whole = tmp_path / "whole"
     r = invoke(base_args(a, whole, "--max-steps", "4"))
     assert r.exit_code == 0, r.output
     first = tmp_path / "part"
-    # interrupted by the wall-clock limit after step 1 (its compilation alone takes longer)
-    r = invoke(base_args(a, first, "--max-steps", "4", "--time-limit", "1"))
+    # interrupted by the wall-clock limit after step 1: a step as slow as a fresh process's
+    # first (its compilation), since a second run in one process traces no step again
+    step = train_job._step
+
+    def slow_step(*args):
+        out = step(*args)
+        time.sleep(1.1)
+        return out
+
+    monkeypatch.setattr(train_job, "_step", slow_step)
+    with traced() as names:
+        r = invoke(base_args(a, first, "--max-steps", "4", "--time-limit", "1"))
+    monkeypatch.undo()
+    assert "_train_step" not in names, names
     assert r.exit_code == 75 and "--resume" in r.output, r.output
     # a stop that was asked for is no error; no rate before one was measured (issue 39)
     assert "error:" not in r.output and " 0 tok/s" not in r.output, r.output

@@ -518,6 +518,12 @@ def unstack(w: TargetWeights, cfg: TargetConfig, fuse: bool = True) -> LayerList
     return layer_list(w, cfg, split, fuse_layer if fuse else None)
 
 
+# jitted once for the process: every load of a target (each run of a sweep or of the tests,
+# every engine of an eval) reuses the programs compiled for its shapes
+_split_one = jax.jit(lambda a: tuple(a[i] for i in range(a.shape[0])))
+_fuse_one = jax.jit(fuse_layer, static_argnums=2)
+
+
 def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig,
                      fuse: bool = True) -> LayerList:
     """`unstack`, one stacked array at a time, deleting each once it is split (and each
@@ -528,19 +534,17 @@ def unstack_in_place(w: TargetWeights | LayerList, cfg: TargetConfig,
     there a fused matmul gains nothing it was measured for)."""
     if isinstance(w, LayerList):
         return w
-    split_one = jax.jit(lambda a: tuple(a[i] for i in range(a.shape[0])))
-    fuse_one = jax.jit(fuse_layer, static_argnums=2)
 
     def split(stack) -> list:
         leaves, treedef = jax.tree.flatten(stack)
         parts = []
         for a in leaves:
-            parts.append(split_one(a))
+            parts.append(_split_one(a))
             a.delete()
         return [treedef.unflatten([p[i] for p in parts]) for i in range(len(parts[0]))]
 
     def fuse_in_place(lw, mw):
-        fused = fuse_one(lw, mw, _fused_shardings(lw, mw))
+        fused = _fuse_one(lw, mw, _fused_shardings(lw, mw))
         kept = {id(a) for a in jax.tree.leaves(fused)}
         for a in jax.tree.leaves((lw, mw)):
             if id(a) not in kept:

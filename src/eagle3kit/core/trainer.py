@@ -56,8 +56,20 @@ jax.tree_util.register_dataclass(StepMetrics, data_fields=[
     "loss", "grad_norm", "lr", "tokens", "counts"], meta_fields=[])
 
 
+@functools.lru_cache(maxsize=8)
+def _programs(tcfg: TargetConfig, dcfg: DraftConfig, ttt_cfg: ttt.TTTConfig, optim: OptimConfig,
+              mesh: Mesh) -> dict[str, Any]:
+    """The jitted init, step and eval of one combination of everything that decides them,
+    filled in by the first Trainer that needs each and shared by the Trainers after it in this
+    process (a sweep's runs, a run resumed in-process, an eval's batch sizes, tests): JAX's own
+    cache, keyed on the function, then reuses the traced and compiled programs instead of
+    tracing, lowering and compiling them again."""
+    return {}
+
+
 class Trainer:
-    """Owns the jitted functions for one (target, draft, mesh) combination."""
+    """Owns the jitted functions for one (target, draft, mesh) combination; Trainers of an
+    equal combination share them (`_programs`)."""
 
     def __init__(self, tcfg: TargetConfig, dcfg: DraftConfig, ttt_cfg: ttt.TTTConfig,
                  optim: OptimConfig, mesh: Mesh):
@@ -80,8 +92,8 @@ class Trainer:
         self.param_shardings = shardings(abstract, mesh)
         self._abstract_params = abstract
         self.state_shardings = None
-        self._step = None
-        self._eval = None
+        # what the jitted functions read of `self` is decided by this key alone
+        self._jitted = _programs(tcfg, dcfg, self.ttt, optim, mesh)
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -93,19 +105,26 @@ class Trainer:
             params = jax.device_put(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params),
                                     self.param_shardings)
 
-        def init(params):
-            return TrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
-
-        shapes = jax.eval_shape(init, params)
+        shapes = jax.eval_shape(self._init, params)
         self.state_shardings = jax.tree.map(lambda _: self.replicated, shapes)
         self.state_shardings.params = self.param_shardings
-        return jax.jit(init, out_shardings=self.state_shardings)(params)
+        init = self._jit("init", lambda: jax.jit(self._init,
+                                                  out_shardings=self.state_shardings))
+        return init(params)
+
+    def _init(self, params) -> TrainState:
+        return TrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
+
+    def _jit(self, name: str, make):
+        """This combination's jitted `name`, made by `make()` the first time."""
+        if name not in self._jitted:
+            with use_mesh(self.mesh):
+                self._jitted[name] = make()
+        return self._jitted[name]
 
     def abstract_state(self) -> TrainState:
         """Shapes and dtypes of the state (for restoring a checkpoint)."""
-        def init(params):
-            return TrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
-        shapes = jax.eval_shape(init, jax.eval_shape(
+        shapes = jax.eval_shape(self._init, jax.eval_shape(
             lambda: jax.tree.map(lambda i: jnp.zeros(i.shape, i.dtype), self._abstract_params,
                                  is_leaf=lambda x: hasattr(x, "axes"))))
         if self.state_shardings is None:
@@ -157,12 +176,10 @@ class Trainer:
 
     def train_step(self, state: TrainState, target_w, vocab: VocabArrays,
                    batch: ttt.Batch) -> tuple[TrainState, StepMetrics]:
-        if self._step is None:
-            with use_mesh(self.mesh):
-                self._step = jax.jit(self._train_step, donate_argnums=(0,),
-                                     out_shardings=(self.state_shardings, None))
+        step = self._jit("step", lambda: jax.jit(self._train_step, donate_argnums=(0,),
+                                                  out_shardings=(self.state_shardings, None)))
         with use_mesh(self.mesh):
-            return self._step(state, target_w, vocab, batch)
+            return step(state, target_w, vocab, batch)
 
     def _eval_step(self, params, target_w, vocab, batch: ttt.Batch) -> StepCounts:
         denominators = self._denominators(batch)
@@ -172,11 +189,9 @@ class Trainer:
     def eval_step(self, params, target_w, vocab: VocabArrays, batch: ttt.Batch
                   ) -> StepCounts:
         """Counts of one [B, T] batch, without gradient (teacher-forced acceptance)."""
-        if self._eval is None:
-            with use_mesh(self.mesh):
-                self._eval = jax.jit(self._eval_step)
+        evaluate = self._jit("eval", lambda: jax.jit(self._eval_step))
         with use_mesh(self.mesh):
-            return self._eval(params, target_w, vocab, batch)
+            return evaluate(params, target_w, vocab, batch)
 
 
 def put_batch(trainer: Trainer, arrays: dict[str, Any], *, eval_batch: bool = False) -> ttt.Batch:
