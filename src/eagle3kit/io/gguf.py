@@ -59,15 +59,6 @@ def _field(reader: GGUFHeader, key: str, default: Any = None) -> Any:
     return reader.fields.get(key, default)
 
 
-def _as_written(value: Any) -> Any:
-    """A float32 config value as its writer meant it: llama.cpp stores `1e-6` as float32,
-    which reads back as 9.999999974752427e-07; configs a user reads (the exports' config.json)
-    and compares with the model's own say 1e-06. Other values (float64 ones included) as read."""
-    if isinstance(value, float) and float(np.float32(value)) == value:
-        return float(str(np.float32(value)))
-    return value
-
-
 def open_reader(path: str | os.PathLike) -> GGUFHeader:
     """The header of the GGUF file `path`, shared in a process: a command reads it for the
     tokenizer and again for the weights."""
@@ -245,7 +236,7 @@ class GGUFCheckpoint:
         a = self.arch
 
         def get(key, default=None):
-            return _as_written(_field(self.reader, f"{a}.{key}", default))
+            return _field(self.reader, f"{a}.{key}", default)
 
         hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
         embed = self._tensors["model.embed_tokens.weight"]
