@@ -63,13 +63,7 @@ def test_dflash_trains_and_eval_data_reads_its_slots(a, tmp_path):
     report = json.loads(r.output.strip().splitlines()[-1])
     assert report["steps"] == 3 and report["acc"] == evals[-1]["acc"]
     assert report["tau"] == evals[-1]["tau"]
-    # decoding through the engine is EAGLE-3's only: one line, before any weight loads
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"question_id": 1, "category": "x", "turns": ["Hello"]}\n')
-    r = invoke(["eval", "--target", str(a / "target"), "--draft", str(out / "final"),
-                "--prompts", str(prompts), *ONE])
-    errors = [x for x in r.output.splitlines() if x.startswith("error:")]
-    assert r.exit_code == 2 and len(errors) == 1 and "is a dflash draft" in errors[0], r.output
+    # eval --prompts decodes with it through the engine: tests/cli/test_eval_parallel.py
 
 
 @pytest.mark.parametrize("option,value,message", [
