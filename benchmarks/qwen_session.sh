@@ -154,38 +154,30 @@ qeval)
       2> "$OUTDIR/qeval-$name.log" || echo "qeval $name failed" >&2
     [ -s "$OUTDIR/qeval-$name.json" ] && cp "$OUTDIR/qeval-$name.json" "$Q/"; }  # for qcard
   GEN=(--max-new-tokens "${NEW_TOKENS:-256}" --target-dtype bfloat16 --dtype bfloat16)
+  declare -A A=([heldout]="--data $Q/heldout.jsonl --seq-len 2048"
+    [heldout-orig]="--data $Q/heldout-orig.jsonl --seq-len 2048"
+    [mtbench-k7]="--prompts mt-bench --steps 7" [humaneval-k7]="--prompts humaneval --steps 7"
+    [mtbench-tree]="--prompts mt-bench --steps 5 --topk 4 --draft-tokens 8"
+    [humaneval-tree]="--prompts humaneval --steps 5 --topk 4 --draft-tokens 8"
+    [mtbench-k3]="--prompts mt-bench --steps 3 --concurrency 1,8,32")
+  one() {  # GPU, eval name: its arguments, generation settings and prompt limit
+    case $2 in heldout*) ev "$1" "$2" ${A[$2]} ;;
+      mtbench*) ev "$1" "$2" ${A[$2]} "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT} ;;
+      *) ev "$1" "$2" ${A[$2]} "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT} ;;
+    esac; }
   if [ -n "${EVALS:-}" ]; then  # EVALS=a,b,...: these runs only, one GPU each, all at once
-    declare -A A=([heldout]="--data $Q/heldout.jsonl --seq-len 2048"
-      [mtbench-k7]="--prompts mt-bench --steps 7" [humaneval-k7]="--prompts humaneval --steps 7"
-      [mtbench-tree]="--prompts mt-bench --steps 5 --topk 4 --draft-tokens 8"
-      [humaneval-tree]="--prompts humaneval --steps 5 --topk 4 --draft-tokens 8"
-      [mtbench-k3]="--prompts mt-bench --steps 3 --concurrency 1,8,32")
     i=0
-    for e in ${EVALS//,/ }; do
-      case $e in heldout) ev $((i % N)) "$e" ${A[$e]} & ;;
-        mtbench*) ev $((i % N)) "$e" ${A[$e]} "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT} & ;;
-        *) ev $((i % N)) "$e" ${A[$e]} "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT} & ;;
-      esac
-      i=$((i + 1))
-    done
-    wait
-    for f in "$OUTDIR"/qeval-*.json; do echo "== $f"; head -c 1200 "$f"; echo; done
-    for f in "$OUTDIR"/qeval-*.log; do grep -E "error|Traceback" "$f" && echo "(in $f)"; done
-    exit 0
+    for e in ${EVALS//,/ }; do one $((i % N)) "$e" & i=$((i + 1)); done
+  else  # four queues of about equal length (a compile of a few minutes each, then the prompts)
+    { one 0 heldout; one 0 mtbench-k7; } &
+    { one $((1 % N)) humaneval-k7; one $((1 % N)) humaneval-tree; } &
+    { one $((2 % N)) mtbench-k3; one $((2 % N)) heldout-orig; } &
+    one $((3 % N)) mtbench-tree &
   fi
-  # four queues of about equal length (a compile of a few minutes each, then the prompts)
-  { ev 0 heldout --data "$Q/heldout.jsonl" --seq-len 2048
-    ev 0 mtbench-k7 --prompts mt-bench --steps 7 "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT}
-  } &
-  { ev $((1 % N)) humaneval-k7 --prompts humaneval --steps 7 "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT}
-    ev $((1 % N)) humaneval-tree --prompts humaneval --steps 5 --topk 4 --draft-tokens 8 "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT}
-  } &
-  { ev $((2 % N)) mtbench-k3 --prompts mt-bench --steps 3 --concurrency 1,8,32 "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT}
-    ev $((2 % N)) heldout-orig --data "$Q/heldout-orig.jsonl" --seq-len 2048
-  } &
-  ev $((3 % N)) mtbench-tree --prompts mt-bench --steps 5 --topk 4 --draft-tokens 8 "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT} &
   wait
   for f in "$OUTDIR"/qeval-*.json; do echo "== $f"; head -c 1500 "$f"; echo; done
+  for f in "$OUTDIR"/qeval-*.log; do grep -E "error|Traceback" "$f" && echo "(in $f)"; done
+  [ -n "${EVALS:-}" ] && exit 0  # qcard exports and writes the card
   $E3K convert "$D" --to speculators -o "$Q/export/speculators" --force --target-name "$NAME" \
     --speculative-tokens 7 2>&1 | tail -n 2
   ;;
