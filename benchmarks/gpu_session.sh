@@ -101,6 +101,11 @@ join)
   cat "$STASH"/smol.part.* > "$GGUF"
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $GGUF" | sha256sum -c
   install .stash/p2/*.whl
+  # an older checkout's src for the same session's "before" (mixed: BEFORE=1), when carried:
+  # `git archive COMMIT src | gzip > .stash/before/src.tgz`
+  if [ -f .stash/before/src.tgz ]; then
+    rm -rf "$STASH/before" && mkdir -p "$STASH/before" && tar -xzf .stash/before/src.tgz -C "$STASH/before"
+  fi
   ;;
 bench)
   python3 benchmarks/train_step.py --target "$GGUF" --seq-len 2048 --batch-size "${BATCHES:-4,8}" \
@@ -348,6 +353,14 @@ mixed)  # issue 36: --mixed-budget BUDGETS, each in its own engine of the same p
   # make demo VERSION=v2's regeneration settings, time-boxed: the rate of its progress line
   [ -s "$STASH/mixed-chats.jsonl" ] || python3 -m eagle3kit mix "$SG" -n 2000 --seed 0 \
     -o "$STASH/mixed-chats.jsonl"
+  if [ -d "$STASH/before/src" ]; then  # the same regeneration by the carried older checkout
+    echo "## regenerate, before (the carried older src)" | tee -a "$OUTDIR/mixed.md"
+    PYTHONPATH=$SITE:$STASH/before/src timeout -s INT "${REGEN_S:-240}" python3 -m eagle3kit \
+      regenerate --target "$GGUF" -i "$STASH/mixed-chats.jsonl" -o /tmp/mixed-before.jsonl --force \
+      --max-new-tokens 512 --max-context 2048 --slots 512 --temperature 0.7 --top-p 0.95 \
+      --samples 2 --on-repetition drop-answer 2>&1 | grep -v "^WARNING" | tail -4 \
+      | tee -a "$OUTDIR/mixed.md" || true
+  fi
   for m in ${B//,/ }; do
     echo "## regenerate --mixed-budget $m" | tee -a "$OUTDIR/mixed.md"
     timeout -s INT "${REGEN_S:-240}" python3 -m eagle3kit regenerate --target "$GGUF" \

@@ -124,6 +124,29 @@ qtrain)
   echo "train call: $(( $(date +%s) - start )) s on $N GPUs" | tee -a "$OUTDIR/qtrain.log"
   cp "$Q/run/metrics.jsonl" "$OUTDIR/qwen-metrics.jsonl" 2>/dev/null || true
   ;;
+qv1)  # issue 35 item 5, the v1 recipe beside v2: the carried mix's training split, ShareGPT
+  # records only (LeetCode's carry no answer), with their original answers; EAGLE-3 for
+  # MAX_STEPS (default 2,550: the steps of the v2 third run's 3 epochs, about 6 epochs of
+  # this smaller set) on N GPUs; resumable. In the background: QALL_STAGES=qv1 ... qall
+  gunzip -c .stash/qchats/mixed.jsonl.gz > "$Q/chats.jsonl.tmp" && mv "$Q/chats.jsonl.tmp" "$Q/chats.jsonl"
+  [ -f "$Q/train-chats.jsonl" ] || hold_out "$Q/chats.jsonl" "$Q/heldout-chats.jsonl" "$Q/train-chats.jsonl"
+  for s in train heldout; do
+    grep -v '"source":"leetcode.jsonl"' "$Q/$s-chats.jsonl" > "$Q/v1-$s-chats.jsonl"
+    [ -f "$Q/v1-$s.jsonl" ] || $E3K tokenize --tokenizer "$QW" --max-length 2048 -j 8 \
+      -i "$Q/v1-$s-chats.jsonl" -o "$Q/v1-$s.jsonl"
+  done
+  [ -f "$Q/v1-vocab.safetensors" ] || $E3K vocab-select --size 32000 -i "$Q/v1-train.jsonl" \
+    -o "$Q/v1-vocab.safetensors" --tokenizer "$QW"
+  resume=""; [ -f "$Q/run-v1/config.json" ] && resume=--resume
+  start=$(date +%s)
+  $E3K train --target "$QW" --data "$Q/v1-train.jsonl" --vocab "$Q/v1-vocab.safetensors" \
+    --out "$Q/run-v1" --eval-data "$Q/v1-heldout.jsonl" --epochs 12 --max-steps "${MAX_STEPS:-2550}" \
+    --arch eagle3 --seq-len 2048 --batch-size 8 --grad-accum 1 --ttt-length 7 \
+    --mesh "data=$N,tensor=1" --time-limit "${SECONDS_MAX:-900}" --save-every 500 $resume 2>&1 \
+    | grep -v "^WARNING" | tail -n 30 | tee -a "$OUTDIR/qv1.log" || true
+  echo "train call: $(( $(date +%s) - start )) s on $N GPUs" | tee -a "$OUTDIR/qv1.log"
+  cp "$Q/run-v1/metrics.jsonl" "$OUTDIR/qwen-v1-metrics.jsonl" 2>/dev/null || true
+  ;;
 qall)
   [ -f "$QW" ] || cat "$STASH"/qwen.part.* > "$QW"
   case $QW in *qwen2.5-coder-1.5b-instruct-q4_k_m.gguf)  # (a dry run's QW is another model)
@@ -135,7 +158,7 @@ qall)
   cp -r src benchmarks examples pyproject.toml "$STASH/qrepo"/
   [ -d .stash/qchats ] && cp -r .stash/qchats "$STASH/qrepo/.stash"/  # carried with this call
   ( cd "$STASH/qrepo" || exit; OUT=$STASH/qall setsid nohup bash -c \
-      'bash benchmarks/qwen_session.sh qdata && bash benchmarks/qwen_session.sh qtrain; touch "$OUT/DONE"' \
+      'for st in ${QALL_STAGES:-qdata qtrain}; do bash benchmarks/qwen_session.sh $st || break; done; touch "$OUT/DONE"' \
       > "$STASH/qall/qall.log" 2>&1 < /dev/null & )
   echo "qall: started; follow with qwait"
   ;;
@@ -147,21 +170,23 @@ qwait)
   for f in "$STASH"/qall/qregen.*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 2 "$f"; }; done
   tar -czf "$OUTDIR/qall.tgz" -C "$STASH/qall" . 2>/dev/null || true
   ;;
-qeval)
-  D=$Q/run/final
-  ev() { local gpu=$1 name=$2; shift 2
+qeval)  # QDRAFT (default $Q/run/final) and QTAG (a suffix of the result files) for another draft
+  D=${QDRAFT:-$Q/run/final}
+  ev() { local gpu=$1 name=$2$QTAG; shift 2
     on_gpu "$gpu" $E3K eval --target "$QW" --draft "$D" --json "$@" > "$OUTDIR/qeval-$name.json" \
       2> "$OUTDIR/qeval-$name.log" || echo "qeval $name failed" >&2
     [ -s "$OUTDIR/qeval-$name.json" ] && cp "$OUTDIR/qeval-$name.json" "$Q/"; }  # for qcard
   GEN=(--max-new-tokens "${NEW_TOKENS:-256}" --target-dtype bfloat16 --dtype bfloat16)
   declare -A A=([heldout]="--data $Q/heldout.jsonl --seq-len 2048"
     [heldout-orig]="--data $Q/heldout-orig.jsonl --seq-len 2048"
+    [v1-heldout]="--data $Q/v1-heldout.jsonl --seq-len 2048"
     [mtbench-k7]="--prompts mt-bench --steps 7" [humaneval-k7]="--prompts humaneval --steps 7"
     [mtbench-tree]="--prompts mt-bench --steps 5 --topk 4 --draft-tokens 8"
     [humaneval-tree]="--prompts humaneval --steps 5 --topk 4 --draft-tokens 8"
     [mtbench-k3]="--prompts mt-bench --steps 3 --concurrency 1,8,32")
+  QTAG=${QTAG:-}
   one() {  # GPU, eval name: its arguments, generation settings and prompt limit
-    case $2 in heldout*) ev "$1" "$2" ${A[$2]} ;;
+    case $2 in heldout*|v1-heldout) ev "$1" "$2" ${A[$2]} ;;
       mtbench*) ev "$1" "$2" ${A[$2]} "${GEN[@]}" ${MT_LIMIT:+--limit $MT_LIMIT} ;;
       *) ev "$1" "$2" ${A[$2]} "${GEN[@]}" ${HE_LIMIT:+--limit $HE_LIMIT} ;;
     esac; }
