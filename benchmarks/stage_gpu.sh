@@ -5,6 +5,7 @@
 #   .stash/p2  the GGUF's rest, the MT-bench, HumanEval and ShareGPT wheels (the same, with the tree)
 #   .stash/g1..g5  Gemma-3-270M's GGUF (253 MB, issue 23) in five parts
 #   .stash/multi  the first 1,000 ShareGPT conversations (7 MB; benchmarks/multi_gpu.sh)
+# (.stash/peers, the peers' model code for qwen_session.sh qpeers: benchmarks/stage_peers.sh)
 # Both folders are git-ignored; run once on this machine, then carry one part per call.
 set -euo pipefail
 cd "$(dirname "$0")/.."

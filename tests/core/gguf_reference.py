@@ -13,6 +13,8 @@ import torch
 
 from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
+from eagle3kit.data.chat import render
+from tests import assets
 from tests.core.test_target import assert_close
 
 
@@ -52,6 +54,19 @@ def check_every_tensor(ckpt, model, norm_offset: float = 0.0) -> dict[str, int]:
                                           err_msg=f"{hf_name} ({qtype.name})")
         seen[qtype.name] = seen.get(qtype.name, 0) + 1
     return seen
+
+
+def sharegpt_rows(tokenizer, rows: int, length: int) -> np.ndarray:
+    """The first `rows` real ShareGPT conversations (of the first 20) of at least `length`
+    tokens in the tokenizer's own chat template, cut to `length`: [rows, length]."""
+    tokens = []
+    for chat in assets.sharegpt_chats(20):
+        ids, _ = render(tokenizer, chat.messages)
+        if len(ids) >= length:
+            tokens.append(ids[:length])
+        if len(tokens) == rows:
+            break
+    return np.asarray(tokens)
 
 
 def check_forward(weights, cfg, model, tokens: np.ndarray, aux_ids: tuple[int, ...],

@@ -16,14 +16,12 @@ import json
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from eagle3kit.cli.app import app
 from eagle3kit.core.sharding import make_mesh
-from eagle3kit.data.chat import render
 from eagle3kit.data.tokenizer import load_tokenizer
 from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
@@ -31,6 +29,7 @@ from tests.core.gguf_reference import (
     assert_config_is_transformers,
     check_every_tensor,
     check_forward,
+    sharegpt_rows,
 )
 
 pytestmark = pytest.mark.slow
@@ -79,15 +78,8 @@ def test_logits_match_transformers(qwen):
     """Two real ShareGPT conversations in Qwen's own template, 256 tokens each, as one batch:
     every position's final normed state and captured layer inputs, and the logits of the
     last 16 positions."""
-    tok = load_tokenizer(str(qwen.gguf))
-    tokens = []
-    for chat in assets.sharegpt_chats(20):
-        ids, _ = render(tok, chat.messages)
-        if len(ids) >= T:
-            tokens.append(ids[:T])
-        if len(tokens) == 2:
-            break
-    check_forward(qwen.weights, qwen.ckpt.config, qwen.model, np.asarray(tokens), AUX, LAST)
+    tokens = sharegpt_rows(load_tokenizer(str(qwen.gguf)), 2, T)
+    check_forward(qwen.weights, qwen.ckpt.config, qwen.model, tokens, AUX, LAST)
 
 
 def test_greedy_regenerate_equals_transformers_generate(qwen, tmp_path):

@@ -286,6 +286,34 @@ def default_aux_ids(target: dict[str, Any], where: object) -> tuple[int, ...]:
         raise InputError(f"cannot read the target config ({e})", path=where) from None
 
 
+# ---- config.json ----------------------------------------------------------------------------
+
+
+def float32_shortest(value: Any) -> Any:
+    """`value` with every float that is exactly a float32 written as that float32's shortest
+    decimal: a GGUF stores rms_norm_eps, rope_theta and the like as float32, so a target read
+    from one says 9.999999974752427e-07 where its own config says 1e-06, and an engine's
+    config should read as the model's does. The float32 is unchanged (1e-06 rounds to it);
+    floats that are not float32 values (a float64 0.1) stay as they are."""
+    if isinstance(value, dict):
+        return {k: float32_shortest(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(float32_shortest(v) for v in value)
+    if isinstance(value, float) and math.isfinite(value):
+        single = np.float32(value)
+        if float(single) == value:
+            return float(str(single))
+    return value
+
+
+def write_config(directory: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """Writes an engine's config.json (floats as `float32_shortest` gives them); returns what
+    it wrote."""
+    fields = float32_shortest(fields)
+    (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
+    return fields
+
+
 # ---- the sidecar ----------------------------------------------------------------------------
 
 

@@ -21,7 +21,6 @@ projector, DSpark, attention sinks) is refused, never read as DFlash.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +109,7 @@ def write(fmt: str, directory: Path, draft: Draft, dtype: str) -> dict[str, Any]
     else:
         fields = sglang_config(draft, _checked(draft, fmt, 1), dtype)
     st.save(directory / common.WEIGHTS, _tensors(draft, fmt, dtype), {"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
-    return fields
+    return common.write_config(directory, fields)
 
 
 def read(fmt: str, directory: Path, config_dict: dict[str, Any], tensors: dict[str, Any],

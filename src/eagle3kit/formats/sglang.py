@@ -25,7 +25,6 @@ silently skips a tensor it has no parameter for, so the names here are SGLang's 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +91,7 @@ def write(directory: Path, draft: Draft, dtype: str) -> dict[str, Any]:
     table = common.export_keys("sglang", draft.config)
     st.save(directory / common.WEIGHTS, common.to_tensors(draft, table, dtype),
             {"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
-    return fields
+    return common.write_config(directory, fields)
 
 
 def is_sglang(config_dict: dict[str, Any]) -> bool:

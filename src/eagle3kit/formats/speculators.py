@@ -17,7 +17,6 @@ verifier's config.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +81,7 @@ def write(directory: Path, draft: Draft, dtype: str, speculative_tokens: int) ->
     table = common.export_keys("speculators", draft.config)
     st.save(directory / common.WEIGHTS, common.to_tensors(draft, table, dtype),
             {"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(fields, indent=2) + "\n")
-    return fields
+    return common.write_config(directory, fields)
 
 
 def is_speculators(config_dict: dict[str, Any]) -> bool:
