@@ -262,7 +262,7 @@ qpeers)  # the peers' wheels in a folder of their own: no other stage imports th
   done
   PYTHONPATH=$PEERS:$PYTHONPATH python3 benchmarks/peer_check.py "$Q/run/final" \
     --sglang "$Q/export/sglang" --speculators "$Q/export/speculators" \
-    --out "$OUTDIR/qwen_peers.md" 2>&1 | grep -v "^WARNING" | tee "$OUTDIR/qpeers.log"
+    --out "$OUTDIR/qwen_peers.md" 2>&1 | grep --line-buffered -v "^WARNING" | tee "$OUTDIR/qpeers.log"
   ;;
 *)
   echo "unknown stage $1" >&2; exit 2 ;;
