@@ -276,17 +276,27 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
                       f"{seconds:,.1f}s", soft_wrap=True)
 
 
-POSITIONS_STEP = 128  # the sized cache's positions are a multiple of this (fewer shapes)
+MIN_POSITIONS = 256  # the sized cache's fewest positions (eval's engines' too: slots_for)
+
+
+def _power_of_two(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
 
 
 def cache_shape(cfg: RegenerateConfig, work: list[Work], renderer: Renderer
                 ) -> tuple[int, int]:
-    """The KV cache the work needs, within --slots and --max-context: no more rows than
-    conversations, no more positions than the longest conversation can reach (its last
-    prompt as written, original answers included, plus --max-new-tokens per answer: the
-    answers it gets in place of the originals are at most that long), so a short job on a
-    CPU does not allocate 64 x 4096 positions. Reading stops once --max-context is reached."""
-    rows = max(1, min(cfg.slots, len(work)))
+    """The KV cache the work needs, within --slots and --max-context: rows for the
+    conversations, positions for the longest conversation can reach (its last prompt as
+    written, original answers included, plus --max-new-tokens per answer: the answers it gets
+    in place of the originals are at most that long), so a short job on a CPU does not
+    allocate 64 x 4096 positions. Reading stops once --max-context is reached.
+
+    Each rounds up to a power of two, less than twice what the work needs (positions: at
+    least MIN_POSITIONS, as eval's caches): the cache's shape is a shape of every program
+    the run compiles, so small runs that differ a little (the shards of a job, a --limit
+    more or less, an eval of the target) share their programs through the compile cache
+    instead of compiling their own."""
+    rows = min(cfg.slots, _power_of_two(len(work)))
     longest, seen = 0, set()
     for w in work:
         d = w.dialogue
@@ -302,8 +312,7 @@ def cache_shape(cfg: RegenerateConfig, work: list[Work], renderer: Renderer
         longest = max(longest, prompt + turns * cfg.max_new_tokens + 8 * (turns - 1))
         if longest >= cfg.max_context:
             break
-    positions = -(-max(longest, 1) // POSITIONS_STEP) * POSITIONS_STEP
-    return rows, min(cfg.max_context, positions)
+    return rows, min(cfg.max_context, max(MIN_POSITIONS, _power_of_two(longest)))
 
 
 def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
