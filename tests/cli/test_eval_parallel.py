@@ -1,8 +1,9 @@
 """`eval --prompts` with a parallel drafter (P-EAGLE, DFlash: decode/parallel_draft.py) trained
 by `train` on the tiny target: real speculative decoding through the one engine, one draft
 pass and one verify a round, at batch 1 and at --concurrency 2 (three answers on two rows:
-refill), fp32 greedy identical to plain decoding, tau reported as the chain's; and the
-drafting shapes a block cannot give, refused in one line with nothing written."""
+refill), fp32 greedy identical to plain decoding, tau reported as the chain's, and sampled
+(--temperature) the same way; the drafting shapes a block cannot give, refused in one line
+with nothing written."""
 
 from __future__ import annotations
 
@@ -59,8 +60,29 @@ def test_decodes_losslessly_and_reports_tau_at_batch_1_and_with_refill(run, tmp_
     assert two["batch"] == 2 and two["identical_to_baseline"] == 3 and two["tau_pooled"] >= 1
 
 
+def test_samples_and_reports_tau_at_batch_1_and_with_refill(run, tmp_path):
+    """--temperature 0.8: speculative sampling with the block (that it gives the target's
+    distribution: tests/decode/test_parallel_draft.py); tau from the answers' accepted
+    counts, no identity with plain decoding claimed (sampled answers differ by chance)."""
+    a, draft, _ = run
+    samples = tmp_path / "samples.jsonl"
+    r = gen(a, draft, prompts_file(tmp_path), "--temperature", "0.8", "--concurrency", "2",
+            "--samples", samples, "--json")
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout)
+    assert GENERATE <= result.keys() and (result["steps"], result["temperature"]) == (3, 0.8)
+    assert result["identical_to_baseline"] is None and result["prompts"] == 3
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    steps = [x for s in records for x in s["accept_lengths"]]
+    assert steps and all(0 <= x <= 3 for x in steps)
+    assert result["tau_pooled"] == pytest.approx(sum(x + 1 for x in steps) / len(steps))
+    (two,) = result["concurrency"]
+    assert two["batch"] == 2 and two["identical_to_baseline"] is None and two["tau_pooled"] >= 1
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--steps", "4"], "proposes 3 tokens a pass, not 4"),
+    (["--steps", "4", "--temperature", "0.8"], "proposes 3 tokens a pass, not 4"),
     (["--topk", "2", "--draft-tokens", "4"], "proposes one block, not a tree"),
     (["--sweep"], "proposes one block (measure it with --concurrency)"),
 ])
