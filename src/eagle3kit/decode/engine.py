@@ -66,6 +66,7 @@ from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import batch_ways, spec_for, use_mesh
 from eagle3kit.decode import draft_cache, parallel_draft, row_cache, speculative
+from eagle3kit.decode.executables import Program
 from eagle3kit.decode.kv_attention import (  # noqa: F401 (read from here too)
     KV_ATTENTION,
     KVAttention,
@@ -263,22 +264,25 @@ def _allocators(mesh: Mesh) -> Any:
     by every engine of the process (one made per engine compiled its zeros once per engine:
     an eval builds one per batch size and drafting shape)."""
     rows = NamedSharding(mesh, spec_for(("batch",)))  # rows split, the rest whole
+    heads = NamedSharding(mesh, spec_for(("batch", None, "act_heads", None)))
     return types.SimpleNamespace(
-        cache=jax.jit(row_cache.RowCache.zeros, static_argnums=(0, 1, 2, 3),
-                      out_shardings=NamedSharding(mesh, spec_for(("batch", None, "act_heads",
-                                                                  None)))),
-        state=jax.jit(RowState.empty, static_argnums=(0, 1, 2), out_shardings=rows),
-        draft=jax.jit(draft_cache.DraftKV.zeros, static_argnums=(0, 1, 2, 3),
-                      out_shardings=rows))
+        cache=Program(row_cache.RowCache.zeros, "engine.cache_zeros",
+                      static_argnums=(0, 1, 2, 3), out_shardings=heads),
+        state=Program(RowState.empty, "engine.state_empty", static_argnums=(0, 1, 2),
+                      out_shardings=rows),
+        draft=Program(draft_cache.DraftKV.zeros, "engine.draft_zeros",
+                      static_argnums=(0, 1, 2, 3), out_shardings=rows))
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _copy_rows(cache: row_cache.RowCache, src_P, dst_P) -> row_cache.RowCache:
+def _copy_rows_of(cache: row_cache.RowCache, src_P, dst_P) -> row_cache.RowCache:
     """Cache row src_P[p] copied whole into row dst_P[p] (C: padding, dropped)."""
     def move(x):
         return x.at[dst_P].set(x[src_P], mode="drop")
 
     return row_cache.RowCache([move(k) for k in cache.k], [move(v) for v in cache.v])
+
+
+_copy_rows = Program(_copy_rows_of, "engine.copy_rows", donate_argnums=0)
 
 
 @functools.cache
@@ -288,16 +292,18 @@ def _programs(tcfg: TargetConfig, sampling: Sampling, drafting: tuple | None, da
     config, DecodeConfig) or None: plain), cache attention and steps between the step
     program's checks (`run_steps`), shared by every engine of the process (an eval's batch
     sizes, tests) so each shape compiles once."""
-    prefill = jax.jit(functools.partial(_prefill, cfg=tcfg, sampling=sampling,
+    prefill = Program(functools.partial(_prefill, cfg=tcfg, sampling=sampling,
                                         drafting=drafting, data=data, rows_impl=rows_impl),
-                      static_argnames=("first", "window"), donate_argnums=(3, 4, 5))
+                      "engine.prefill", static_argnames=("first", "window"),
+                      donate_argnums=(3, 4, 5))
     if drafting is None:
         step = functools.partial(_decode, cfg=tcfg, sampling=sampling, rows_impl=rows_impl,
                                  every=every)
     else:
         step = functools.partial(_verify, cfg=tcfg, drafting=drafting, data=data,
                                  rows_impl=rows_impl, every=every)
-    return prefill, jax.jit(step, static_argnames=("steps", "window"), donate_argnums=(3, 4, 5))
+    return prefill, Program(step, "engine.verify" if drafting else "engine.decode",
+                            static_argnames=("steps", "window"), donate_argnums=(3, 4, 5))
 
 
 # ---- host side -----------------------------------------------------------------------------
@@ -582,9 +588,9 @@ class Engine:
                                           steps=steps, window=window))
         return todo
 
-    def _compile(self, program, args: tuple, **static) -> None:
+    def _compile(self, program: Program, args: tuple, **static) -> None:
         with use_mesh(self.mesh):
-            program.trace(*args, **static).lower().compile()
+            program.compile(*args, **static)
 
     def _window(self, steps: int, prompts: Sequence[int] = ()) -> int:
         """The cache slots a program of `steps` steps reads (the XLA path): past every live
