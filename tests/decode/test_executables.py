@@ -114,11 +114,12 @@ def test_the_same_shapes_on_other_devices_miss(kept):
     """An executable is bound to its devices: the same arrays on another device, or split
     over a mesh of two, are other programs."""
     devices = jax.devices()
-    assert len(devices) >= 4, "tests/conftest.py's simulated CPU devices"
-    mesh = Mesh(np.array(devices[2:4]), ("data",))
+    assert len(devices) >= 6, "tests/conftest.py's simulated CPU devices"
+    meshes = [Mesh(np.array(devices[i: i + 2]), ("data",)) for i in (2, 4)]
     call(program(), X, Y)
-    for x_at, y_at in ((devices[1], devices[1]), (NamedSharding(mesh, PartitionSpec("data")),
-                                                  NamedSharding(mesh, PartitionSpec()))):
+    for x_at, y_at in [(devices[1], devices[1])] + [  # a mesh of two, then the same on others
+            (NamedSharding(m, PartitionSpec("data")), NamedSharding(m, PartitionSpec()))
+            for m in meshes]:
         before = hits()
         out = program()(jax.device_put(X, x_at), jax.device_put(Y, y_at), steps=3)
         assert hits() == before

@@ -25,8 +25,8 @@ from typing import Any
 
 import jax
 
-from eagle3kit.decode.acceptance import acceptance_summary
 from eagle3kit.decode import executables
+from eagle3kit.decode.acceptance import acceptance_summary
 from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling
 from eagle3kit.decode.kv_attention import KVAttention, resolve_kv_attention
 from eagle3kit.decode.speculative import DecodeConfig, Speculation
