@@ -15,9 +15,11 @@ an executable depends on, so that a stale one cannot be loaded:
   leaf's shape, dtype, weak type, sharding (with its devices) and commitment, and the mesh
   of `core.sharding.use_mesh` (which pins activations while tracing);
 - the machine and the software: platform, device kind and count, the backend's version,
-  jax and jaxlib versions, JAX's tracing configuration (`trace_context`: x64, matmul
-  precision, ...), XLA_FLAGS, and a digest of eagle3kit's own source, so that any code
-  change misses.
+  jax, jaxlib, numpy and Python versions, JAX's tracing configuration (`trace_context`:
+  x64, matmul precision, ...), XLA_FLAGS, and a digest of eagle3kit's own source, so that
+  any code change misses.
+
+What is kept was compiled by XLA in this process, never loaded from JAX's cache (`_fresh`).
 
 A configuration whose repr is not stable (an object printed by address) is never stored.
 An entry that cannot be read (unreadable, damaged: a checksum covers it, another key's, of
@@ -34,6 +36,7 @@ import functools
 import hashlib
 import os
 import pickle
+import platform
 import tempfile
 import threading
 import time
@@ -115,6 +118,13 @@ class Program:
             return
         dynamic, fixed = self._split(args, static)
         self._executable(args, static, dynamic, _signature(dynamic, fixed))
+
+    def trace(self, *args: Any, **static: Any) -> Any:
+        """jit's trace (inspection: the lowered text, its cost): never kept."""
+        return self.jit.trace(*args, **static)
+
+    def lower(self, *args: Any, **static: Any) -> Any:
+        return self.jit.lower(*args, **static)
 
     def _split(self, args: tuple, static: dict) -> tuple[tuple, tuple]:
         """(dynamic positional arguments, the static ones by position and name)."""
@@ -252,7 +262,8 @@ def _environment() -> tuple[str, ...]:
     devices = jax.devices()
     return (f"devices {devices[0].platform} {devices[0].device_kind!r} x{len(devices)} "
             f"backend {devices[0].client.platform_version!r}",
-            f"jax {jax.__version__} jaxlib {jaxlib.__version__}",
+            f"jax {jax.__version__} jaxlib {jaxlib.__version__} numpy {np.__version__} "
+            f"python {platform.python_version()}",
             f"XLA_FLAGS {os.environ.get('XLA_FLAGS', '')!r} "
             f"LIBTPU_INIT_ARGS {os.environ.get('LIBTPU_INIT_ARGS', '')!r}",
             f"eagle3kit source {source_digest()}")
