@@ -169,3 +169,43 @@ def test_a_configuration_printed_by_address_is_never_kept(kept):
     got, _ = call(p, X, Y)
     same(got, reference(X, Y))
     assert not list(path.glob("*.exe")) and not said
+
+
+@pytest.mark.slow  # each case compiles the engine's programs twice (jit, then kept)
+@pytest.mark.parametrize("kind", ["speculative", "plain on data=2"])
+def test_the_engine_answers_the_same_with_its_programs_loaded(tiny, tiny_dir, kept, kind):
+    """The engine's own programs (prefill, step, allocators) kept by one run and loaded by
+    the next (a fresh process: the module's program caches cleared) give the answers of
+    jit, speculative on one device and plain with its rows split over two."""
+    from eagle3kit.core.sharding import make_mesh
+    from eagle3kit.decode import engine
+    from eagle3kit.decode.speculative import DecodeConfig
+    from eagle3kit.io.hf import load_target, resolve_target
+    from tests.decode import engines
+
+    path, said = kept
+    tcfg, tw, dcfg, dw, vocab, mesh = tiny
+    dec = DecodeConfig(3, 6, 0.0)
+    if kind != "speculative":
+        mesh = make_mesh("data=2,tensor=1", jax.devices()[:2])
+        tw = load_target(resolve_target(tiny_dir), mesh, jnp.float32)
+    rng = np.random.default_rng(3)
+    todo = [engine.Request(i, [int(t) for t in rng.integers(1, 96, n)], 6, i)
+            for i, n in enumerate((5, 40, 9))]
+
+    def answers() -> tuple[list[list[int]], int]:
+        engine._programs.cache_clear()
+        engine._allocators.cache_clear()
+        before = hits()
+        e = engines.speculative(tcfg, tw, dcfg, dw, vocab, dec, [], mesh, rows=2,
+                                max_context=128) if kind == "speculative" else \
+            engines.plain(tcfg, tw, dec, [], mesh, rows=2, max_context=128, sync_every=4)
+        return [c.tokens for c in e.generate(todo)], hits() - before
+
+    executables.use(None, said.append)
+    reference, _ = answers()
+    executables.use(str(path), lambda *a: said.append(a))
+    first, loaded_first = answers()
+    again, loaded = answers()
+    assert first == again == reference and not said
+    assert loaded_first == 0 and loaded >= 3, (loaded_first, loaded)
