@@ -81,6 +81,10 @@ def test_a_new_process_loads_what_an_earlier_one_compiled(kept):
     p = program()  # the same program called again: the executable it holds, no load
     call(p, X, Y)
     assert call(p, X + 1, Y)[1] == 0
+    x5 = np.arange(5, dtype=np.float32)  # another shape, then the first again: each its own
+    for x in (x5, X, x5):
+        got, _ = call(p, x, Y)
+        same(got, reference(x, Y))
 
 
 def test_a_change_of_source_shape_dtype_static_or_config_misses(kept, monkeypatch):
