@@ -319,6 +319,7 @@ class _Store:
             with tempfile.NamedTemporaryFile(dir=self.path, suffix=".tmp",
                                              delete=False) as f:
                 tmp = f.name
+                os.fchmod(f.fileno(), 0o644)  # as JAX's entries: readable by who reads those
                 f.write(data)
             os.replace(tmp, self.file(key))
         except OSError as e:
