@@ -69,11 +69,6 @@ def use(path: str | None, report: Report) -> None:
     _store = _Store(path, report) if path and jax.process_count() == 1 else None
 
 
-def directory() -> str | None:
-    """The directory in use, if any."""
-    return _store and _store.path
-
-
 class Program:
     """`jax.jit(fun, **options)`, callable the same way (static arguments by position in
     `static_argnums` or by name in `static_argnames`), whose executables are kept on disk
