@@ -359,7 +359,10 @@ class Engine:
         # caller keeps its own); jobs pass target.unstack_in_place's, the target held once
         self.w = weights if isinstance(weights, target.LayerList) else \
             jax.jit(target.unstack, static_argnums=1)(weights, tcfg)
-        self.stop_ids = jnp.asarray(sorted(set(stop_ids)) or [-1], jnp.int32)
+        # host arrays go to the device by device_put: jnp.asarray compiles a program per
+        # shape and dtype ("stage"), which a new process pays again where the engine's own
+        # programs come whole from the compile cache (decode/executables.py)
+        self.stop_ids = jax.device_put(np.asarray(sorted(set(stop_ids)) or [-1], np.int32))
         self._stops = set(int(s) for s in stop_ids)  # the host's copy, for _emit
         self.base_key = jax.random.key(cfg.seed)
         self.rows: list[_Row | None] = [None] * cfg.rows
@@ -512,7 +515,7 @@ class Engine:
             for j, (i, source) in enumerate(pairs[k: k + p]):
                 dst[j], src[j] = i, source
             with use_mesh(self.mesh):
-                self.cache = _copy_rows(self.cache, jnp.asarray(src), jnp.asarray(dst))
+                self.cache = _copy_rows(self.cache, jax.device_put(src), jax.device_put(dst))
 
     def _prefill_group(self, members, start, first, t, window) -> list[Completion]:
         c, p = self.cfg.rows, self.prefill_batch
@@ -547,12 +550,12 @@ class Engine:
         the pieces' (tokens, following, rows, starts, lengths, limits, seeds)."""
         spec = self.spec
         return (self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
-                self.state, self.base_key, self.stop_ids, *map(jnp.asarray, host))
+                self.state, self.base_key, self.stop_ids, *map(jax.device_put, host))
 
     def _step_args(self, waiting: bool) -> tuple:
         spec = self.spec
         return (self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
-                self.state, self.base_key, self.stop_ids, jnp.asarray(waiting))
+                self.state, self.base_key, self.stop_ids, jax.device_put(np.bool_(waiting)))
 
     def _run_rows(self, waiting: bool) -> list[Completion]:
         steps = self.cfg.sync_every
@@ -625,8 +628,8 @@ class Engine:
         with use_mesh(self.mesh):
             self.cache, _, self.state, out, _, ran = self._mixed(
                 self.w, None, None, self.cache, None, self.state, self.base_key,
-                self.stop_ids, jnp.asarray(waiting), jax.tree.map(jnp.asarray, p.waves),
-                jnp.asarray(p.prefilling), steps=steps, window=window)
+                self.stop_ids, jax.device_put(np.bool_(waiting)), jax.device_put(p.waves),
+                jax.device_put(p.prefilling), steps=steps, window=window)
         out, ran = jax.device_get((out, ran))
         for wave in p.pieces[: int(ran)]:  # a program that ended early ran fewer waves
             for i, start in wave:
