@@ -2,7 +2,8 @@
 
 Runs `eagle3kit eval` with the arguments after `--` in this process and listens to JAX's
 compile events: for each program (jit name and the shapes it met) the seconds of tracing,
-lowering to MLIR and XLA's compile (or the load from the persistent compile cache), then a
+lowering to MLIR and XLA's compile (or the load from the persistent compile cache), or the
+load of a whole executable kept by decode/executables.py (nothing traced), then a
 table to stderr and one JSON line to stdout: {"programs": [...], "totals": {...}, "eval":
 eval's own --json object when asked for}. Run it twice with the same EAGLE3KIT_COMPILE_CACHE
 (a CPU uses the cache only where that variable is set) to see what the cache serves.
@@ -33,7 +34,9 @@ import jax
 
 PHASES = {"/jax/core/compile/jaxpr_trace_duration": "trace",
           "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
-          "/jax/core/compile/backend_compile_duration": "compile"}
+          "/jax/core/compile/backend_compile_duration": "compile",
+          # a program loaded whole from the kept executables (decode/executables.py)
+          "/eagle3kit/executables/load_duration": "load"}
 
 
 def main() -> None:
@@ -73,18 +76,20 @@ def main() -> None:
     rows = [{"program": name, **{k: round(v, 3) if isinstance(v, float) else v
                                  for k, v in seconds[name].items()}} for name in order]
     totals = {phase: round(sum(r.get(phase, 0) for r in rows), 2) for phase in
-              ("trace", "lower", "compile")}
-    totals.update(programs=sum(r.get("compiles", 0) for r in rows), wall_s=round(wall, 1))
+              ("trace", "lower", "compile", "load")}
+    totals.update(programs=sum(r.get("compiles", 0) for r in rows),
+                  loaded=sum(r.get("loads", 0) for r in rows), wall_s=round(wall, 1))
     big = sorted(rows, key=lambda r: -(r.get("trace", 0) + r.get("lower", 0)
-                                       + r.get("compile", 0)))
-    print(f"{'program':<40} {'n':>3} {'trace s':>8} {'lower s':>8} {'compile s':>9}",
-          file=sys.stderr)
+                                       + r.get("compile", 0) + r.get("load", 0)))
+    print(f"{'program':<40} {'n':>3} {'trace s':>8} {'lower s':>8} {'compile s':>9} "
+          f"{'loaded':>6} {'load s':>7}", file=sys.stderr)
     for r in big:
         print(f"{r['program'][:40]:<40} {r.get('compiles', 0):>3} {r.get('trace', 0):>8.2f} "
-              f"{r.get('lower', 0):>8.2f} {r.get('compile', 0):>9.2f}", file=sys.stderr)
+              f"{r.get('lower', 0):>8.2f} {r.get('compile', 0):>9.2f} {r.get('loads', 0):>6} "
+              f"{r.get('load', 0):>7.2f}", file=sys.stderr)
     print(f"{'total':<40} {totals['programs']:>3} {totals['trace']:>8.2f} "
-          f"{totals['lower']:>8.2f} {totals['compile']:>9.2f}   (wall {wall:.1f} s)",
-          file=sys.stderr)
+          f"{totals['lower']:>8.2f} {totals['compile']:>9.2f} {totals['loaded']:>6} "
+          f"{totals['load']:>7.2f}   (wall {wall:.1f} s)", file=sys.stderr)
     lines = [x for x in out.getvalue().splitlines() if x.startswith("{")]
     print(json.dumps({"programs": rows, "totals": totals,
                       "eval": json.loads(lines[-1]) if lines else None}))

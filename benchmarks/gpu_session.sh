@@ -275,7 +275,8 @@ decode)
 compiles)  # issue 36 item 3: what `eval --prompts` compiles per drafting shape (SHAPES, K or
   # S/k/N), each shape twice, the second run reading the first one's compile cache: a table of
   # every program's trace/lower/compile seconds per run (stderr) and compiles_*.json in $OUT
-  # (its "eval" holds compile_s, compiled_programs, programs_from_cache). TARGET and DRAFT
+  # (its "eval" holds compile_s, compiled_programs, programs_from_cache and, of those,
+  # programs_from_executables: the engine's programs loaded whole). TARGET and DRAFT
   # default to SmolLM2 and the main job's draft; LIMIT conversations (default 10)
   DRAFT=${DRAFT:-$RUN/run/final}; [ -d "$DRAFT" ] || DRAFT=$RUN/export/sglang
   CACHE=$(mktemp -d)

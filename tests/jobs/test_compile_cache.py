@@ -78,6 +78,9 @@ def test_a_corrupt_or_unwritable_cache_warns_once_and_answers_the_same(tmp_path)
     assert "compile cache" not in first.stderr, first.stderr
     entries = sorted(p for p in cache.iterdir() if p.name.endswith("-cache"))
     assert entries, sorted(p.name for p in cache.iterdir())
+    kept = sorted((cache / common.EXECUTABLES).glob("*.exe"))  # decode/executables.py
+    assert kept
+    entries += kept
     sound = regenerate(tmp_path, cache)
     assert (sound.returncode, sound.stdout) == (0, first.stdout), sound.stderr
     assert "compile cache" not in sound.stderr, sound.stderr
@@ -111,6 +114,9 @@ def evaluate(tmp_path: Path, cache: Path) -> subprocess.CompletedProcess:
                 "--dtype", "float32", "--target-dtype", "float32", "--json")
 
 
+ENGINE_PROGRAMS = 6
+
+
 def test_a_second_eval_loads_every_program_of_its_turns_from_the_cache(tmp_path):
     """Issue 36: `eval --prompts` run again in a fresh process compiles nothing its turns
     run (speculative and plain): every program comes from the first run's cache, its
@@ -125,6 +131,21 @@ def test_a_second_eval_loads_every_program_of_its_turns_from_the_cache(tmp_path)
     one, two = json.loads(first.stdout), json.loads(again.stdout)
     assert one["compiled_programs"] > 0 and one["programs_from_cache"] == 0
     assert two["programs_from_cache"] == two["compiled_programs"] == one["compiled_programs"]
+    # the engine's programs whole (decode/executables.py: not even traced): its prefill
+    # (first pieces, later pieces: two engines), verify and decode steps, cache allocators
+    assert two["programs_from_executables"] >= ENGINE_PROGRAMS, two
+    assert one["programs_from_executables"] == 0
     assert two["compile_s"] < one["compile_s"] / 2, (one["compile_s"], two["compile_s"])
     same = ("new_tokens", "identical_to_baseline", "accept_histogram", "tau_pooled")
     assert {k: two[k] for k in same} == {k: one[k] for k in same}
+    # every kept executable damaged: one warning line, each program compiled again, the
+    # same answers
+    for i, p in enumerate(sorted((tmp_path / "xla" / common.EXECUTABLES).glob("*.exe"))):
+        p.write_bytes(b"not a program" if i % 2 else p.read_bytes()[: p.stat().st_size // 2])
+    damaged = evaluate(tmp_path, tmp_path / "xla")
+    assert damaged.returncode == 0, damaged.stderr
+    said = [line for line in damaged.stderr.splitlines() if "compile cache" in line]
+    assert len(said) == 1 and "an entry could not be read" in said[0], damaged.stderr
+    three = json.loads(damaged.stdout)
+    assert three["programs_from_executables"] == 0
+    assert {k: three[k] for k in same} == {k: one[k] for k in same}

@@ -66,6 +66,7 @@ from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.core.sharding import batch_ways, spec_for, use_mesh
 from eagle3kit.decode import draft_cache, parallel_draft, row_cache, speculative
+from eagle3kit.decode.executables import Program
 from eagle3kit.decode.kv_attention import (  # noqa: F401 (read from here too)
     KV_ATTENTION,
     KVAttention,
@@ -263,22 +264,25 @@ def _allocators(mesh: Mesh) -> Any:
     by every engine of the process (one made per engine compiled its zeros once per engine:
     an eval builds one per batch size and drafting shape)."""
     rows = NamedSharding(mesh, spec_for(("batch",)))  # rows split, the rest whole
+    heads = NamedSharding(mesh, spec_for(("batch", None, "act_heads", None)))
     return types.SimpleNamespace(
-        cache=jax.jit(row_cache.RowCache.zeros, static_argnums=(0, 1, 2, 3),
-                      out_shardings=NamedSharding(mesh, spec_for(("batch", None, "act_heads",
-                                                                  None)))),
-        state=jax.jit(RowState.empty, static_argnums=(0, 1, 2), out_shardings=rows),
-        draft=jax.jit(draft_cache.DraftKV.zeros, static_argnums=(0, 1, 2, 3),
-                      out_shardings=rows))
+        cache=Program(row_cache.RowCache.zeros, "engine.cache_zeros",
+                      static_argnums=(0, 1, 2, 3), out_shardings=heads),
+        state=Program(RowState.empty, "engine.state_empty", static_argnums=(0, 1, 2),
+                      out_shardings=rows),
+        draft=Program(draft_cache.DraftKV.zeros, "engine.draft_zeros",
+                      static_argnums=(0, 1, 2, 3), out_shardings=rows))
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _copy_rows(cache: row_cache.RowCache, src_P, dst_P) -> row_cache.RowCache:
+def _copy_rows_of(cache: row_cache.RowCache, src_P, dst_P) -> row_cache.RowCache:
     """Cache row src_P[p] copied whole into row dst_P[p] (C: padding, dropped)."""
     def move(x):
         return x.at[dst_P].set(x[src_P], mode="drop")
 
     return row_cache.RowCache([move(k) for k in cache.k], [move(v) for v in cache.v])
+
+
+_copy_rows = Program(_copy_rows_of, "engine.copy_rows", donate_argnums=0)
 
 
 @functools.cache
@@ -288,16 +292,18 @@ def _programs(tcfg: TargetConfig, sampling: Sampling, drafting: tuple | None, da
     config, DecodeConfig) or None: plain), cache attention and steps between the step
     program's checks (`run_steps`), shared by every engine of the process (an eval's batch
     sizes, tests) so each shape compiles once."""
-    prefill = jax.jit(functools.partial(_prefill, cfg=tcfg, sampling=sampling,
+    prefill = Program(functools.partial(_prefill, cfg=tcfg, sampling=sampling,
                                         drafting=drafting, data=data, rows_impl=rows_impl),
-                      static_argnames=("first", "window"), donate_argnums=(3, 4, 5))
+                      "engine.prefill", static_argnames=("first", "window"),
+                      donate_argnums=(3, 4, 5))
     if drafting is None:
         step = functools.partial(_decode, cfg=tcfg, sampling=sampling, rows_impl=rows_impl,
                                  every=every)
     else:
         step = functools.partial(_verify, cfg=tcfg, drafting=drafting, data=data,
                                  rows_impl=rows_impl, every=every)
-    return prefill, jax.jit(step, static_argnames=("steps", "window"), donate_argnums=(3, 4, 5))
+    return prefill, Program(step, "engine.verify" if drafting else "engine.decode",
+                            static_argnames=("steps", "window"), donate_argnums=(3, 4, 5))
 
 
 # ---- host side -----------------------------------------------------------------------------
@@ -353,7 +359,10 @@ class Engine:
         # caller keeps its own); jobs pass target.unstack_in_place's, the target held once
         self.w = weights if isinstance(weights, target.LayerList) else \
             jax.jit(target.unstack, static_argnums=1)(weights, tcfg)
-        self.stop_ids = jnp.asarray(sorted(set(stop_ids)) or [-1], jnp.int32)
+        # host arrays go to the device by device_put: jnp.asarray compiles a program per
+        # shape and dtype ("stage"), which a new process pays again where the engine's own
+        # programs come whole from the compile cache (decode/executables.py)
+        self.stop_ids = jax.device_put(np.asarray(sorted(set(stop_ids)) or [-1], np.int32))
         self._stops = set(int(s) for s in stop_ids)  # the host's copy, for _emit
         self.base_key = jax.random.key(cfg.seed)
         self.rows: list[_Row | None] = [None] * cfg.rows
@@ -506,7 +515,7 @@ class Engine:
             for j, (i, source) in enumerate(pairs[k: k + p]):
                 dst[j], src[j] = i, source
             with use_mesh(self.mesh):
-                self.cache = _copy_rows(self.cache, jnp.asarray(src), jnp.asarray(dst))
+                self.cache = _copy_rows(self.cache, jax.device_put(src), jax.device_put(dst))
 
     def _prefill_group(self, members, start, first, t, window) -> list[Completion]:
         c, p = self.cfg.rows, self.prefill_batch
@@ -541,12 +550,12 @@ class Engine:
         the pieces' (tokens, following, rows, starts, lengths, limits, seeds)."""
         spec = self.spec
         return (self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
-                self.state, self.base_key, self.stop_ids, *map(jnp.asarray, host))
+                self.state, self.base_key, self.stop_ids, *map(jax.device_put, host))
 
     def _step_args(self, waiting: bool) -> tuple:
         spec = self.spec
         return (self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
-                self.state, self.base_key, self.stop_ids, jnp.asarray(waiting))
+                self.state, self.base_key, self.stop_ids, jax.device_put(np.bool_(waiting)))
 
     def _run_rows(self, waiting: bool) -> list[Completion]:
         steps = self.cfg.sync_every
@@ -582,9 +591,9 @@ class Engine:
                                           steps=steps, window=window))
         return todo
 
-    def _compile(self, program, args: tuple, **static) -> None:
+    def _compile(self, program: Program, args: tuple, **static) -> None:
         with use_mesh(self.mesh):
-            program.trace(*args, **static).lower().compile()
+            program.compile(*args, **static)
 
     def _window(self, steps: int, prompts: Sequence[int] = ()) -> int:
         """The cache slots a program of `steps` steps reads (the XLA path): past every live
@@ -619,8 +628,8 @@ class Engine:
         with use_mesh(self.mesh):
             self.cache, _, self.state, out, _, ran = self._mixed(
                 self.w, None, None, self.cache, None, self.state, self.base_key,
-                self.stop_ids, jnp.asarray(waiting), jax.tree.map(jnp.asarray, p.waves),
-                jnp.asarray(p.prefilling), steps=steps, window=window)
+                self.stop_ids, jax.device_put(np.bool_(waiting)), jax.device_put(p.waves),
+                jax.device_put(p.prefilling), steps=steps, window=window)
         out, ran = jax.device_get((out, ran))
         for wave in p.pieces[: int(ran)]:  # a program that ended early ran fewer waves
             for i, start in wave:

@@ -56,6 +56,7 @@ import numpy as np
 from eagle3kit.core import target
 from eagle3kit.core.config import TargetConfig
 from eagle3kit.decode import row_cache
+from eagle3kit.decode.executables import Program
 from eagle3kit.decode.sampling import Sampling, is_stop, request_keys, sample
 from eagle3kit.decode.steps import RowState, decoded, logits, run_steps
 
@@ -187,9 +188,9 @@ def mixed_program(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, w
 def program(tcfg: TargetConfig, sampling: Sampling, rows_impl: str, every: int):
     """The jitted mixed program of one target, sampling rule, cache attention and steps
     between checks, shared by every engine of the process (`engine._programs`' way)."""
-    return jax.jit(functools.partial(mixed_program, cfg=tcfg, sampling=sampling,
+    return Program(functools.partial(mixed_program, cfg=tcfg, sampling=sampling,
                                      rows_impl=rows_impl, every=every),
-                   static_argnames=("steps", "window"), donate_argnums=(3, 5))
+                   "mixed.step", static_argnames=("steps", "window"), donate_argnums=(3, 5))
 
 
 @dataclasses.dataclass

@@ -21,6 +21,7 @@ from eagle3kit.core.vocab import VocabMap
 from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.data.fingerprint import Fingerprint, require_same, tokenizer_fingerprint
 from eagle3kit.data.packing import TokenDocs, pack_epoch
+from eagle3kit.decode import executables
 from eagle3kit.errors import (
     InputError,
     MismatchError,
@@ -73,8 +74,10 @@ def compile_cache(warn: Callable[[str], None]) -> str | None:
 
 def use_compile_cache(path: str, warn: Callable[[str], None]) -> str | None:
     """Compiled programs go to and come from `path`, if it is a directory this process can
-    write (made if missing); else one warning and the run compiles without a cache. A corrupt
-    entry JAX meets itself: it compiles that program again (and says so in one line here)."""
+    write (made if missing); else one warning and the run compiles without a cache. JAX's
+    cache keeps XLA's compiles; the engine's programs are kept whole under EXECUTABLES
+    (decode/executables.py: a hit neither traces, lowers nor compiles). A corrupt entry of
+    either: that program is compiled again (and one line here says so)."""
     path = os.path.expanduser(path)
     try:
         os.makedirs(path, exist_ok=True)
@@ -87,36 +90,42 @@ def use_compile_cache(path: str, warn: Callable[[str], None]) -> str | None:
     jax.config.update("jax_compilation_cache_dir", path)
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    _cache_errors_once(path, warn)
+    say = _cache_errors_once(path, warn)
+    executables.use(os.path.join(path, EXECUTABLES), say)
     return path
 
 
+EXECUTABLES = "executables"  # the compile cache's folder of whole programs
 _CACHE_ERRORS = ("Error reading persistent compilation cache entry",
                  "Error writing persistent compilation cache entry")
 
 
-def _cache_errors_once(path: str, warn: Callable[[str], None]) -> None:
+def _cache_errors_once(path: str, warn: Callable[[str], None]) -> Callable[[str, str], None]:
     """JAX warns once per program whose cache entry it cannot read (corrupt) or write (a full
-    disk), each a Python warning of two lines: one line of ours for all of them. Other
-    warnings pass to the hook that was there."""
+    disk), each a Python warning of two lines, and decode/executables reports its own: one
+    line of ours for all of them. Other warnings pass to the hook that was there. Returns
+    the reporter of executables (kind "read" or "write", detail)."""
     shown = warnings.showwarning
     shown = getattr(shown, "passes_to", shown)  # set up once per process, not stacked
     said: list[str] = []
+
+    def say(kind: str, detail: str) -> None:
+        if not said:
+            said.append(detail)
+            warn(f"warning: compile cache {path}: an entry could not be read ({detail}); "
+                 "compiling such programs again" if kind == "read" else
+                 f"warning: compile cache {path}: an entry could not be written ({detail}); "
+                 "the run goes on without keeping such programs")
 
     def show(message, category, filename, lineno, file=None, line=None):
         text = first_line(message)
         if not text.startswith(_CACHE_ERRORS):
             return shown(message, category, filename, lineno, file, line)
-        if not said:
-            said.append(text)
-            detail = text.split(": ", 1)[-1]
-            warn(f"warning: compile cache {path}: an entry could not be read ({detail}); "
-                 "compiling such programs again" if text.startswith(_CACHE_ERRORS[0]) else
-                 f"warning: compile cache {path}: an entry could not be written ({detail}); "
-                 "the run goes on without keeping such programs")
+        say("read" if text.startswith(_CACHE_ERRORS[0]) else "write", text.split(": ", 1)[-1])
 
     show.passes_to = shown  # type: ignore[attr-defined]
     warnings.showwarning = show
+    return say
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 
+from eagle3kit.decode import executables
 from eagle3kit.decode.acceptance import acceptance_summary
 from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling
 from eagle3kit.decode.kv_attention import KVAttention, resolve_kv_attention
@@ -158,41 +159,48 @@ def requests(prompts: Sequence[Sequence[int]], max_new: int) -> list[Request]:
 _compile_events = 0  # JAX traces, lowerings and compiles so far in this process
 _compile_seconds = 0.0  # what they took (a program loaded from the compile cache: its load;
 # programs compiled ahead, several at once: the wall time of all of them)
-_programs_compiled = 0  # programs XLA compiled or loaded from the cache
+_programs_compiled = 0  # programs XLA compiled, or loaded from either cache
 _ahead = 0  # compile_ahead calls running
 _lock = threading.Lock()  # the listener hears compiles from compile_ahead's threads
+# disjoint phases, their sum the time spent compiling; the last two each end a program: an
+# XLA compile (or JAX's cache's load after tracing and lowering), or a whole executable
+# loaded (decode/executables.py: nothing traced), whose kept copy is written after
 _COMPILE_PHASES = ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
+                   executables.SAVE, "/jax/core/compile/backend_compile_duration",
+                   executables.LOAD)
 
 
 def _count_compiles(event: str, duration: float, **_: Any) -> None:
     global _compile_events, _compile_seconds, _programs_compiled
     with _lock:
-        if event.startswith(("/jax/core/compile/", "/jax/compilation_cache/")):
+        if event.startswith(("/jax/core/compile/", "/jax/compilation_cache/",
+                             "/eagle3kit/executables/")):
             _compile_events += 1
-        if event in _COMPILE_PHASES:  # disjoint phases: their sum is the time spent compiling
+        if event in _COMPILE_PHASES:
             _compile_seconds += 0.0 if _ahead else duration
-            _programs_compiled += event == _COMPILE_PHASES[-1]
+            _programs_compiled += event in _COMPILE_PHASES[-2:]
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compiles)
-_cache_hits = 0  # programs the persistent compile cache served (jobs/common.compile_cache)
+_cache_hits = 0  # programs JAX's persistent compile cache served (jobs/common.compile_cache)
+_executable_hits = 0  # programs loaded whole from the executables kept beside it
 
 
 def _count_hits(event: str, **_: Any) -> None:
-    global _cache_hits
-    if event == "/jax/compilation_cache/cache_hits":
-        with _lock:
-            _cache_hits += 1
+    global _cache_hits, _executable_hits
+    with _lock:
+        _cache_hits += event == "/jax/compilation_cache/cache_hits"
+        _executable_hits += event == executables.HIT
 
 
 jax.monitoring.register_event_listener(_count_hits)
 
 
-def cache_hits() -> int:
-    """Programs loaded from the persistent compile cache so far in this process."""
-    return _cache_hits
+def cache_hits() -> tuple[int, int]:
+    """(Programs XLA's compile of which JAX's persistent cache served, programs loaded whole
+    from the kept executables, neither traced nor lowered) so far in this process."""
+    return _cache_hits, _executable_hits
 
 
 def compile_totals() -> tuple[float, int]:

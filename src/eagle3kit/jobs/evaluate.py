@@ -383,7 +383,10 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
             # compiled (each timed on a second run)
             "compile_s": round(compiling - compiling0, 2),
             "compiled_programs": programs - programs0,
-            "programs_from_cache": eval_batched.cache_hits() - hits0,
+            # of those, how many a cache served: JAX's (XLA's compile skipped) or the kept
+            # executables (decode/executables.py: nothing traced, lowered or compiled)
+            "programs_from_cache": sum(eval_batched.cache_hits()) - sum(hits0),
+            "programs_from_executables": eval_batched.cache_hits()[1] - hits0[1],
             "untimed_s": round(untimed_s, 2),
             "retimed_answers": retimed}, samples
 
