@@ -149,6 +149,26 @@ def test_a_damaged_entry_is_reported_and_compiled_again(kept, damage):
     assert call(program(), X, Y)[1] == 1  # written again, sound
 
 
+def test_a_loaded_executable_that_fails_to_run_is_dropped_and_compiled_again(kept, monkeypatch):
+    """An entry that loads but cannot run (on a CPU, one JAX had itself loaded from its
+    cache lost a kernel when serialized again): the answer comes from a fresh compile, the
+    entry is reported once and removed."""
+    path, said = kept
+    call(program(), X, Y)
+
+    def loads_but_fails(data, key):
+        def run(*args):
+            raise RuntimeError("Function wrapped_reduce not found")
+        return run
+
+    monkeypatch.setattr(executables, "_decode", loads_but_fails)
+    got, loaded = call(program(), X, Y)
+    same(got, reference(X, Y))
+    assert loaded == 1 and len(said) == 1, said
+    assert said[0][0] == "read" and "failed to run" in said[0][1]
+    assert not list(path.glob("*.exe"))
+
+
 def test_a_directory_that_cannot_be_written_is_reported_and_the_run_goes_on(tmp_path):
     (tmp_path / "file").write_text("")
     said: list[tuple[str, str]] = []

@@ -85,6 +85,7 @@ class Program:
         self._known: dict[tuple, Any] = {}  # in-process signature -> executable
         self._last: dict[tuple, tuple] = {}  # static arguments -> (signature, executable)
         self._lock = threading.Lock()  # compile_ahead calls from threads
+        self._unproven: dict[tuple, str] = {}  # loaded, not yet run: signature -> key
 
     def __call__(self, *args: Any, **static: Any) -> Any:
         if _store is None or self._made is None:
@@ -103,6 +104,26 @@ class Program:
                     raise  # the program's own error, not another shape
         sig = _signature(dynamic, fixed)
         executable = self._executable(args, static, dynamic, sig)
+        with self._lock:
+            key = self._unproven.pop(sig, None)
+        if key is not None:
+            # a loaded executable's first run: one that loads but cannot run (a kernel
+            # missing from what was serialized, as JAX's own cache entries re-serialized
+            # were on a CPU) is reported and dropped, and the program compiled again (had
+            # the failed run consumed donated inputs, the second run fails as a plain
+            # jit's would)
+            try:
+                out = executable(*dynamic)
+            except Exception as e:
+                if _store is None:
+                    raise
+                _store.discard(key, self.name, e)
+                executable = self.jit.trace(*args, **static).lower().compile()
+                with self._lock:
+                    self._known[sig] = executable
+            else:
+                self._last[fixed] = sig, executable
+                return out
         self._last[fixed] = sig, executable
         return executable(*dynamic)
 
@@ -134,7 +155,10 @@ class Program:
             return found
         store, key = _store, self._key(dynamic, sig[0])
         found = store and key and store.load(key, self.name)
-        if not found and store and key:
+        if found:
+            with self._lock:
+                self._unproven[sig] = key
+        elif store and key:
             with _fresh() as fresh:
                 found = self.jit.trace(*args, **static).lower().compile()
             if fresh():
@@ -301,6 +325,14 @@ class _Store:
         jax.monitoring.record_event_duration_secs(LOAD, time.perf_counter() - t0,
                                                   fun_name=name)
         return executable
+
+    def discard(self, key: str, name: str, error: Exception) -> None:
+        """A loaded entry that failed to run: reported and removed (compiled again)."""
+        path = self.file(key)
+        self.report("read", f"{path}: {name} loaded but failed to run "
+                    f"({type(error).__name__}: {error})".splitlines()[0])
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
     def save(self, key: str, compiled: Any, name: str) -> None:
         t0 = time.perf_counter()
