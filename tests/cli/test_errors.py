@@ -308,7 +308,7 @@ def test_out_of_memory_in_generation_is_exit_4_with_the_flags_to_lower(tiny, tmp
     """As train's: a KV cache or a decode program that does not fit is a ResourceError
     naming the options, not a RESOURCE_EXHAUSTED traceback (issue 24, item 2)."""
     a, draft = tiny
-    # the cache is sized to the work (no more rows than answers to write): 4,000
+    # the cache is sized to the work (rows: the answers to write, rounded up to a power of two): 4,000
     # conversations of 100 samples each ask for more rows than the capped memory holds
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps({"id": f"c{i}", "messages": [
@@ -321,7 +321,7 @@ def test_out_of_memory_in_generation_is_exit_4_with_the_flags_to_lower(tiny, tmp
     # the sizes between the flags and the advice are this machine's (what is free)
     last = p.stderr.splitlines()[-1]
     assert last.startswith("error: out of device memory for --slots 1000000 x --max-context "
-                           "256 (400000 x 128 for this input): the KV cache "), p.stderr
+                           "256 (524288 x 256 for this input): the KV cache "), p.stderr
     assert last.endswith("; lower --slots or --max-context (or add devices: --mesh)"), p.stderr
     assert sorted(x.name for x in tmp_path.iterdir()) == ["chats.jsonl"]
 

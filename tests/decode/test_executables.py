@@ -226,7 +226,13 @@ def test_the_engine_answers_the_same_with_its_programs_loaded(tiny, tiny_dir, ke
             engines.plain(tcfg, tw, dec, [], mesh, rows=2, max_context=128, sync_every=4)
         return [c.tokens for c in e.generate(todo)], hits() - before
 
-    executables.use(None, said.append)
+    # a fresh process, as the executables are meant for: no program of an earlier test is
+    # held in memory (one JAX loaded from its own persistent cache, on when an earlier test
+    # of this process turned it on, makes a kept executable that does not run on a CPU:
+    # what the run-time check reports), and the reference compiles every program in a
+    # directory of its own (under the same guard against JAX's cache, nothing to load)
+    jax.clear_caches()
+    executables.use(str(path.parent / "reference"), lambda *a: said.append(a))
     reference, _ = answers()
     executables.use(str(path), lambda *a: said.append(a))
     first, loaded_first = answers()
