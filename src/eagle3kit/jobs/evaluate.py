@@ -371,6 +371,8 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
         console.print(f"warning: {len(samples) - identical} of {len(samples)} "
                       "greedy answers differ from plain decoding (numerics of "
                       f"--target-dtype {cfg.target_dtype}; use float32 to check losslessness)")
+    jax_hits, exe_hits = (now - before for now, before in zip(eval_batched.cache_hits(), hits0,
+                                                               strict=True))
     return {**summary, "speedup": round(spec_tps / plain_tps, 4),
             "tokens_per_s_speculative": round(spec_tps, 2),
             "tokens_per_s_baseline": round(plain_tps, 2), "prompts": len(samples),
@@ -385,8 +387,8 @@ def generate_samples(setup: eval_batched.Setup, prompts: PromptSet, tokenizer: A
             "compiled_programs": programs - programs0,
             # of those, how many a cache served: JAX's (XLA's compile skipped) or the kept
             # executables (decode/executables.py: nothing traced, lowered or compiled)
-            "programs_from_cache": sum(eval_batched.cache_hits()) - sum(hits0),
-            "programs_from_executables": eval_batched.cache_hits()[1] - hits0[1],
+            "programs_from_cache": jax_hits + exe_hits,
+            "programs_from_executables": exe_hits,
             "untimed_s": round(untimed_s, 2),
             "retimed_answers": retimed}, samples
 
