@@ -41,6 +41,7 @@ import torch  # noqa: E402
 from tests import assets  # noqa: E402
 from tests.core.gguf_reference import (  # noqa: E402
     assert_config_is_transformers,
+    chat_stop_ids,
     check_every_tensor,
     check_forward,
     sharegpt_rows,
@@ -97,7 +98,7 @@ def _regenerate(gguf: Path, model, questions, new_tokens: int) -> str:
                                               return_dict=True)["input_ids"])
         with torch.no_grad():
             ids = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens,
-                                 do_sample=False, eos_token_id=tok.eos_token_id)
+                                 do_sample=False, eos_token_id=chat_stop_ids(tok))
         new = ids[0, len(prompt):].tolist()
         rec = got[f"q{i}"]
         (turn,) = rec["generation"]["turns"]

@@ -213,7 +213,7 @@ qeval)  # QDRAFT (default $Q/run/final) and QTAG (a suffix of the result files) 
     esac; }
   if [ -n "${EVALS:-}" ]; then  # EVALS=a,b,...: these runs only, one GPU each, all at once
     i=0
-    for e in ${EVALS//,/ }; do one $((i % N)) "$e" & i=$((i + 1)); done
+    for e in ${EVALS//,/ }; do one $(((i + ${GPU0:-0}) % N)) "$e" & i=$((i + 1)); done
   else  # four queues of about equal length (a compile of a few minutes each, then the prompts)
     { one 0 heldout; one 0 mtbench-k7; } &
     { one $((1 % N)) humaneval-k7; one $((1 % N)) humaneval-tree; } &
@@ -226,6 +226,36 @@ qeval)  # QDRAFT (default $Q/run/final) and QTAG (a suffix of the result files) 
   [ -n "${EVALS:-}" ] && exit 0  # qcard exports and writes the card
   $E3K convert "$D" --to speculators -o "$Q/export/speculators" --force --target-name "$NAME" \
     --speculative-tokens 7 2>&1 | tail -n 2
+  ;;
+qafter)  # everything after qall's training, in the background (setsid) from a copy of this
+  # checkout (tests included, for qpeers), four GPU queues at once: evals (as qeval with
+  # EVALS), then `compiles` for the K=7 chain on the freed GPU 3 (two runs, the second from
+  # the first's programs), qcard, qpeers (JAX on the CPU: the draft alone). Follow with
+  # qafterwait; $OUT gets qafter.tgz
+  [ -e "$STASH/qall/DONE" ] && [ -d "$Q/run/final" ] || { echo "qafter: no $Q/run/final yet" >&2; exit 75; }
+  A=$STASH/qafter; rm -rf "$A" "$STASH/arepo" && mkdir -p "$A" "$STASH/arepo/.stash"
+  cp -r src benchmarks tests examples pyproject.toml "$STASH/arepo"/
+  [ -d .stash/peers ] && cp -r .stash/peers "$STASH/arepo/.stash"/
+  ( cd "$STASH/arepo" || exit; export OUT=$A QW Q; setsid nohup bash -c '
+      q() { EVALS=$2 GPU0=$1 bash benchmarks/qwen_session.sh qeval > "$OUT/q-$1.log" 2>&1; }
+      { q 0 mtbench-k7; q 0 heldout; } &
+      { q 1 humaneval-k7; q 1 humaneval-tree; } &
+      { q 2 mtbench-k3; } &
+      { q 3 mtbench-tree
+        CUDA_VISIBLE_DEVICES=3 TARGET=$QW DRAFT=$Q/run/final SHAPES=7 LIMIT=3 \
+          bash benchmarks/gpu_session.sh compiles > "$OUT/compiles.log" 2>&1
+        q 3 heldout-orig; } &
+      JAX_PLATFORMS=cpu bash benchmarks/qwen_session.sh qpeers > "$OUT/qpeers-stage.log" 2>&1 &
+      wait; bash benchmarks/qwen_session.sh qcard > "$OUT/qcard.log" 2>&1; touch "$OUT/DONE"' \
+      > "$A/qafter.log" 2>&1 < /dev/null & )
+  echo "qafter: started; follow with qafterwait"
+  ;;
+qafterwait)
+  end=$(( $(date +%s) + ${WAIT_S:-550} ))
+  while [ ! -e "$STASH/qafter/DONE" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done
+  [ -e "$STASH/qafter/DONE" ] && echo "qafter: done" || echo "qafter: running"
+  ls "$STASH/qafter"; tail -n 3 "$STASH"/qafter/*.log
+  tar -czf "$OUTDIR/qafter.tgz" -C "$STASH/qafter" . 2>/dev/null || true
   ;;
 qcard)  # the exports a user serves and the card `push` writes into the SGLang one, from
   # the evals qeval kept; $OUT gets the card and both configs

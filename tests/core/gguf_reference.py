@@ -89,3 +89,12 @@ def check_forward(weights, cfg, model, tokens: np.ndarray, aux_ids: tuple[int, .
     for j, i in enumerate(aux_ids):
         assert_close(aux[..., j * d:(j + 1) * d], out.hidden_states[i].numpy(),
                      f"hidden_states[{i}]")
+
+
+def chat_stop_ids(tok) -> list[int]:
+    """What transformers' `generate` stops at for a chat answer of a Qwen2.5 instruct model:
+    its generation_config.json lists both `<|im_end|>` (the end of a turn) and
+    `<|endoftext|>`. A GGUF names one of them its eos, and which one depends on the
+    transformers version reading it (5.17 reads `<|endoftext|>`, so `generate` ran past the
+    end of the turn), while `regenerate` stops at the template's end of turn."""
+    return sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")})

@@ -27,6 +27,7 @@ from eagle3kit.io.hf import load_target, resolve_target
 from tests import assets
 from tests.core.gguf_reference import (
     assert_config_is_transformers,
+    chat_stop_ids,
     check_every_tensor,
     check_forward,
     sharegpt_rows,
@@ -105,7 +106,7 @@ def test_greedy_regenerate_equals_transformers_generate(qwen, tmp_path):
                                               return_dict=True)["input_ids"])
         with torch.no_grad():
             ids = qwen.model.generate(torch.tensor([prompt]), max_new_tokens=NEW,
-                                      do_sample=False, eos_token_id=tok.eos_token_id)
+                                      do_sample=False, eos_token_id=chat_stop_ids(tok))
         new = ids[0, len(prompt):].tolist()
         rec = got[f"q{i}"]
         (turn,) = rec["generation"]["turns"]
