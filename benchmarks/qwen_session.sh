@@ -162,7 +162,7 @@ qv1)  # issue 35 item 5, the v1 recipe beside v2: the carried mix's training spl
   start=$(date +%s)
   $E3K train --target "$QW" --data "$Q/v1-train.jsonl" --vocab "$Q/v1-vocab.safetensors" \
     --out "$Q/run-v1" --eval-data "$Q/v1-heldout.jsonl" --epochs 12 --max-steps "${MAX_STEPS:-2550}" \
-    --arch eagle3 --seq-len 2048 --batch-size 8 --grad-accum 1 --ttt-length 7 \
+    --arch "${V1_ARCH:-eagle3}" --seq-len 2048 --batch-size 8 --grad-accum 1 --ttt-length 7 \
     --mesh "data=$N,tensor=1" --time-limit "${SECONDS_MAX:-900}" --save-every 500 $resume 2>&1 \
     | grep -v "^WARNING" | tail -n 30 | tee -a "$OUTDIR/qv1.log" || true
   echo "train call: $(( $(date +%s) - start )) s on $N GPUs" | tee -a "$OUTDIR/qv1.log"
@@ -249,6 +249,45 @@ qafter)  # everything after qall's training, in the background (setsid) from a c
       wait; bash benchmarks/qwen_session.sh qcard > "$OUT/qcard.log" 2>&1; touch "$OUT/DONE"' \
       > "$A/qafter.log" 2>&1 < /dev/null & )
   echo "qafter: started; follow with qafterwait"
+  ;;
+qsecond)  # a short lease's checks, in the background from a copy of this checkout (after qjoin
+  # or qcarry x19; join with .stash/before for the "before"): GPU 0 trains a short EAGLE-3.1
+  # draft on the carried mix's original answers (qv1's data, V1_ARCH, MAX_STEPS 300: a draft
+  # of the recipe's shape for the export and compile checks, not for acceptance), then
+  # `compiles` (K=7, twice) and qpeers (JAX on the CPU); GPU 1 qparity; GPUs 2 and 3 the
+  # recipe's regeneration of one quarter of the training split from an empty compile cache,
+  # the carried older src (before) and this checkout (now), side by side. qafterwait follows.
+  [ -f "$QW" ] || cat "$STASH"/qwen.part.* > "$QW"; rm -f "$STASH"/qwen.part.*
+  A=$STASH/qafter; rm -rf "$A" "$STASH/arepo" && mkdir -p "$A" "$STASH/arepo/.stash"
+  cp -r src benchmarks tests examples pyproject.toml "$STASH/arepo"/
+  for d in peers qchats; do [ -d .stash/$d ] && cp -r .stash/$d "$STASH/arepo/.stash"/; done
+  ( cd "$STASH/arepo" || exit; export OUT=$A QW Q; setsid nohup bash -c '
+      { N=1 CUDA_VISIBLE_DEVICES=0 V1_ARCH=eagle3.1 MAX_STEPS=${MAX_STEPS:-300} \
+          bash benchmarks/qwen_session.sh qv1 > "$OUT/qmini.log" 2>&1
+        ln -sfn run-v1 "$Q/run"
+        JAX_PLATFORMS=cpu bash benchmarks/qwen_session.sh qpeers > "$OUT/qpeers-stage.log" 2>&1 &
+        CUDA_VISIBLE_DEVICES=0 TARGET=$QW DRAFT=$Q/run/final SHAPES=7 LIMIT=3 \
+          bash benchmarks/gpu_session.sh compiles > "$OUT/compiles.log" 2>&1; wait; } &
+      CUDA_VISIBLE_DEVICES=1 WAIT_S=600 bash benchmarks/qwen_session.sh qparity > "$OUT/qparity-stage.log" 2>&1 &
+      bash benchmarks/qwen_session.sh qregencmp > "$OUT/qregencmp.log" 2>&1 &
+      wait; touch "$OUT/DONE"' > "$A/qsecond.log" 2>&1 < /dev/null & )
+  echo "qsecond: started; follow with qafterwait"
+  ;;
+qregencmp)  # (qsecond's GPUs 2 and 3) one shard of the recipe's regeneration, each from an
+  # empty compile cache: $STASH/before/src (join carried .stash/before) on GPU 2, this
+  # checkout on GPU 3; their closing lines in $OUT/regencmp-{before,now}.log
+  carried_mix
+  for w in before now; do
+    src=$PWD/src gpu=3; [ $w = before ] && src=$STASH/before/src gpu=2
+    [ -d "$src" ] || { echo "qregencmp: no $src" >&2; continue; }
+    ( cache=$(mktemp -d); CUDA_VISIBLE_DEVICES=$gpu EAGLE3KIT_COMPILE_CACHE=$cache \
+        PYTHONPATH=$SITE:$src timeout -s TERM "${SECONDS_MAX:-420}" python3 -m eagle3kit \
+        regenerate --target "$QW" -i "$Q/train-chats.jsonl" -o "/tmp/regencmp-$w.jsonl" --force \
+        --temperature 0.7 --top-p 0.95 --on-repetition drop-answer --max-new-tokens 512 \
+        --max-context 2048 --turns all --slots 256 --samples 2 --shard "0/${SHARDS:-4}" \
+        > "$OUTDIR/regencmp-$w.log" 2>&1 ) &
+  done
+  wait; tail -n 2 "$OUTDIR"/regencmp-*.log
   ;;
 qafterwait)
   end=$(( $(date +%s) + ${WAIT_S:-550} ))
