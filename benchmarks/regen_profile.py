@@ -77,15 +77,18 @@ def main() -> None:
         jax.profiler.start_trace(str(out / "trace"))
         t0 = time.perf_counter()
         time.sleep(args.seconds)
+        # the window's end, read before stop_trace: writing the trace takes seconds, in
+        # which the run goes on (its tokens and programs are not the window's)
         wall = time.perf_counter() - t0
-        jax.profiler.stop_trace()
-        engine._step, engine._prefill, engine._mixed = step, prefill, mixed
         tokens = engine.generated_tokens - tokens
+        window = list(programs)  # what ran inside the window
+        engine._step, engine._prefill, engine._mixed = step, prefill, mixed
+        jax.profiler.stop_trace()
         text = (f"regenerate, traced {wall:.1f} s from {args.at:.0f} s after the engine was "
                 f"built: {tokens:,} tokens, {tokens / wall:,.0f} tokens/s while traced\n\n"
                 + profile_summary.engine_summary(profile_summary.kernels(out / "trace")[0],
                                                  profile_summary.op_names(out / "hlo"),
-                                                 programs, wall, tokens, 0.0))
+                                                 window, wall, tokens, 0.0))
         (out / "summary.md").write_text(text + "\n")
         print(text, flush=True)
 
