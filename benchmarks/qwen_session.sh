@@ -254,7 +254,8 @@ qsecond)  # a short lease's checks, in the background from a copy of this checko
   # or qcarry x19; join with .stash/before for the "before"): GPU 0 trains a short EAGLE-3.1
   # draft on the carried mix's original answers (qv1's data, V1_ARCH, MAX_STEPS 300: a draft
   # of the recipe's shape for the export and compile checks, not for acceptance), then
-  # `compiles` (K=7, twice) and qpeers (JAX on the CPU); GPU 1 qparity; GPUs 2 and 3 the
+  # `compiles` (K=7, twice) and qpeers (JAX on the CPU); GPU 1 a profile of the regeneration
+  # (qregencmp PROFILE=1), then qparity; GPUs 2 and 3 the
   # recipe's regeneration of one quarter of the training split from an empty compile cache,
   # the carried older src (before) and this checkout (now), side by side. qafterwait follows.
   [ -f "$QW" ] || cat "$STASH"/qwen.part.* > "$QW"; rm -f "$STASH"/qwen.part.*
@@ -268,26 +269,34 @@ qsecond)  # a short lease's checks, in the background from a copy of this checko
         JAX_PLATFORMS=cpu bash benchmarks/qwen_session.sh qpeers > "$OUT/qpeers-stage.log" 2>&1 &
         CUDA_VISIBLE_DEVICES=0 TARGET=$QW DRAFT=$Q/run/final SHAPES=7 LIMIT=3 \
           bash benchmarks/gpu_session.sh compiles > "$OUT/compiles.log" 2>&1; wait; } &
-      CUDA_VISIBLE_DEVICES=1 WAIT_S=600 bash benchmarks/qwen_session.sh qparity > "$OUT/qparity-stage.log" 2>&1 &
+      { PROFILE=1 bash benchmarks/qwen_session.sh qregencmp > "$OUT/qprofile.log" 2>&1
+        CUDA_VISIBLE_DEVICES=1 WAIT_S=600 bash benchmarks/qwen_session.sh qparity > "$OUT/qparity-stage.log" 2>&1; } &
       bash benchmarks/qwen_session.sh qregencmp > "$OUT/qregencmp.log" 2>&1 &
       wait; touch "$OUT/DONE"' > "$A/qsecond.log" 2>&1 < /dev/null & )
   echo "qsecond: started; follow with qafterwait"
   ;;
 qregencmp)  # (qsecond's GPUs 2 and 3) one shard of the recipe's regeneration, each from an
   # empty compile cache: $STASH/before/src (join carried .stash/before) on GPU 2, this
-  # checkout on GPU 3; their closing lines in $OUT/regencmp-{before,now}.log
+  # checkout on GPU 3; their closing lines in $OUT/regencmp-{before,now}.log. PROFILE=1:
+  # this checkout on GPU 1 under regen_profile.py instead (8 s traced from PROFILE_AT, 120 s)
   carried_mix
-  for w in before now; do
-    src=$PWD/src gpu=3; [ $w = before ] && src=$STASH/before/src gpu=2
+  ws="before now"; [ "${PROFILE:-0}" = 1 ] && ws=profile
+  for w in $ws; do
+    src=$PWD/src gpu=3 run=(python3 -m eagle3kit regenerate)
+    [ $w = before ] && src=$STASH/before/src gpu=2
+    [ $w = profile ] && gpu=1 run=(python3 benchmarks/regen_profile.py --at "${PROFILE_AT:-120}"
+      --seconds 8 --out "$STASH/regen-profile2" --)
     [ -d "$src" ] || { echo "qregencmp: no $src" >&2; continue; }
     ( cache=$(mktemp -d); CUDA_VISIBLE_DEVICES=$gpu EAGLE3KIT_COMPILE_CACHE=$cache \
-        PYTHONPATH=$SITE:$src timeout -s TERM "${SECONDS_MAX:-420}" python3 -m eagle3kit \
-        regenerate --target "$QW" -i "$Q/train-chats.jsonl" -o "/tmp/regencmp-$w.jsonl" --force \
+        PYTHONPATH=$SITE:$src timeout -s TERM "${SECONDS_MAX:-420}" "${run[@]}" \
+        --target "$QW" -i "$Q/train-chats.jsonl" -o "/tmp/regencmp-$w.jsonl" --force \
         --temperature 0.7 --top-p 0.95 --on-repetition drop-answer --max-new-tokens 512 \
         --max-context 2048 --turns all --slots 256 --samples 2 --shard "0/${SHARDS:-4}" \
         > "$OUTDIR/regencmp-$w.log" 2>&1 ) &
   done
   wait; tail -n 2 "$OUTDIR"/regencmp-*.log
+  if [ -f "$STASH/regen-profile2/summary.md" ]; then
+    cp "$STASH/regen-profile2/summary.md" "$OUTDIR/regen-profile2.md"; fi
   ;;
 qafterwait)
   end=$(( $(date +%s) + ${WAIT_S:-550} ))
