@@ -144,11 +144,33 @@ def test_programs_that_check_every_four_steps_give_the_same_tokens(llama, refill
     # without reading its condition back; the sampler's own loops have 5)
     text = engine._step.lower(
         engine.w, None, None, engine.cache, engine.dcache, engine.state, engine.base_key,
-        engine.stop_ids, jnp.asarray(False), steps=8, window=128).compile().as_text()
+        engine.stop_ids, jnp.int32(0), steps=8, window=128).compile().as_text()
     assert "4" in re.findall(r'"known_trip_count":\{"n":"(\d+)"\}', text)
     with pytest.raises(ValueError, match="check_every 3: a divisor of sync_every"):
         Engine(ckpt.config, w, mesh, [], EngineConfig(rows=6, max_context=256, sync_every=8,
                                                       check_every=3))
+
+
+def test_programs_end_for_refills_once_a_share_of_the_rows_finished(llama, refill):
+    """EngineConfig(refill_share=2) on 6 rows: a program ends early for the queued requests
+    once 3 of its rows have finished, not at the first (each end is a host sync, the
+    collecting and refilling, and a new launch). Finished rows idle until then and are
+    refilled after: every request's sampled tokens are those of ending at the first finished
+    row, in fewer programs; with fewer queued requests than 3 it ends for as many as wait."""
+    family, model, ckpt, w, mesh, _ = llama
+    prompts, limits, at_first, _ = refill  # rows // 16 = 0: a program ends at the first
+    requests = [Request(i, p, n, i) for i, (p, n) in enumerate(zip(prompts, limits, strict=True))]
+    ends = {}
+    for share in (16, 2):
+        engine = Engine(ckpt.config, w, mesh, [], EngineConfig(
+            rows=6, max_context=256, sync_every=8, prefill_chunk=32, refill_share=share,
+            sampling=REFILL_SAMPLING))
+        got = engine.generate(requests)
+        assert [c.tokens for c in got] == [c.tokens for c in at_first], share
+        ends[share] = engine.step_programs
+        assert [engine._refill_at(q) for q in (0, 1, 2, 5)] == (
+            [0, 1, 1, 1] if share == 16 else [0, 1, 2, 3])
+    assert ends[2] < ends[16], ends
 
 
 def test_a_row_the_device_ended_but_the_host_waits_on_is_an_error_not_a_hang(llama):

@@ -22,10 +22,12 @@ pending request at once. Programs are compiled once per shape:
               or a tree per row and verifies every row's tokens in ONE batched target
               forward, each row accepting by its own rule. Finished and free rows idle
               (they write nothing a live query can read). The program ends early once no
-              row is live, or once a row finished while requests wait, so no step is run
-              for nothing and no request waits on idle rows (checked every `check_every`
-              steps: between checks the device needs no word from the host). The host syncs
-              once per program, collects the tokens, retires finished rows and refills them.
+              row is live, or once enough rows finished while requests wait (one in
+              `refill_share` of the rows, at least one, at most as many as wait), so no
+              step is run for nothing and no request waits long on idle rows (checked every
+              `check_every` steps: between checks the device needs no word from the host).
+              The host syncs once per program, collects the tokens, retires finished rows
+              and refills them.
 
 On the XLA path attention reads only the first `window` slots of each row, a bound over the
 longest live sequence (`window_bucket`) and, speculative, over where its rows can write
@@ -90,6 +92,10 @@ class EngineConfig:
     sync_every: int = 32  # device steps per program (host syncs)
     check_every: int = 1  # device steps between a program's checks whether to end early
     # (run_steps; fewer checks, fewer of the loop's reads back to the host)
+    refill_share: int = 16  # a program ends early for waiting requests once rows // this
+    # (at least 1) have finished: each end costs a sync, the host's collecting and refilling,
+    # and new launches while the device idles, which one end per finished row paid on
+    # hundreds of rows; a finished row idles a few steps instead (its tokens are the same)
     prefill_chunk: int = 512  # longest prefill piece
     one_prefill_shape: bool = False  # every piece padded to prefill_chunk: one prefill
     # program for first pieces and one for later ones, where buckets of 128 tokens and up
@@ -368,6 +374,7 @@ class Engine:
         self.rows: list[_Row | None] = [None] * cfg.rows
         self.generated_tokens = 0
         self.device_steps = 0  # decode or verify steps run (each advances every live row)
+        self.step_programs = 0  # decode, verify or mixed programs run (one host sync each)
         self.programs: set[tuple] = set()  # compiled shapes, for reporting
         self.prefilled_tokens = 0  # prompt tokens prefilled (pieces' padding not counted)
         self.reused_tokens = 0  # prompt tokens a row held already (Request.share)
@@ -450,7 +457,7 @@ class Engine:
         if copies:
             self._copy(copies)
         if ride and filling:
-            return done + self._run_mixed(waiting=bool(queue))
+            return done + self._run_mixed(waiting=self._refill_at(len(queue)))
         admitted += [i for i in sorted(filling) if i not in admitted]  # pieces left over
         if admitted:
             done += self._prefill_rows(admitted)
@@ -458,7 +465,7 @@ class Engine:
             self._copy(later)
             done += self._prefill_rows([i for i, _ in later])
         if any(r is not None and r.remaining_prompt == 0 for r in self.rows):
-            done += self._run_rows(waiting=bool(queue))
+            done += self._run_rows(waiting=self._refill_at(len(queue)))
         return done
 
     def check(self, r: Request) -> None:
@@ -552,12 +559,17 @@ class Engine:
         return (self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
                 self.state, self.base_key, self.stop_ids, *map(jax.device_put, host))
 
-    def _step_args(self, waiting: bool) -> tuple:
+    def _refill_at(self, queued: int) -> int:
+        """How many rows must finish for a program to end early: none while no request
+        waits (0), else one in `refill_share` of the rows, no more than wait."""
+        return min(queued, max(1, self.cfg.rows // self.cfg.refill_share))
+
+    def _step_args(self, waiting: int) -> tuple:
         spec = self.spec
         return (self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
-                self.state, self.base_key, self.stop_ids, jax.device_put(np.bool_(waiting)))
+                self.state, self.base_key, self.stop_ids, jax.device_put(np.int32(waiting)))
 
-    def _run_rows(self, waiting: bool) -> list[Completion]:
+    def _run_rows(self, waiting: int) -> list[Completion]:
         steps = self.cfg.sync_every
         window = self._window(steps)
         self.programs.add(("verify" if self.spec else "decode", self.cfg.rows, steps, window))
@@ -587,7 +599,7 @@ class Engine:
         if self.cfg.attention != KVAttention.XLA:
             window = self._window(steps)
             self.programs.add(("verify" if self.spec else "decode", c, steps, window))
-            todo.append(functools.partial(self._compile, self._step, self._step_args(False),
+            todo.append(functools.partial(self._compile, self._step, self._step_args(0),
                                           steps=steps, window=window))
         return todo
 
@@ -613,7 +625,7 @@ class Engine:
         return window_bucket(longest + steps * per_step + self.verified - per_step,
                              self.cfg.max_context)
 
-    def _run_mixed(self, waiting: bool) -> list[Completion]:
+    def _run_mixed(self, waiting: int) -> list[Completion]:
         """One program whose first steps carry the pieces of the prompts being prefilled
         (decode/mixed.py), then plain steps; rows whose prompt is in go live in it."""
         from eagle3kit.decode import mixed
@@ -628,7 +640,7 @@ class Engine:
         with use_mesh(self.mesh):
             self.cache, _, self.state, out, _, ran = self._mixed(
                 self.w, None, None, self.cache, None, self.state, self.base_key,
-                self.stop_ids, jax.device_put(np.bool_(waiting)), jax.device_put(p.waves),
+                self.stop_ids, jax.device_put(np.int32(waiting)), jax.device_put(p.waves),
                 jax.device_put(p.prefilling), steps=steps, window=window)
         out, ran = jax.device_get((out, ran))
         for wave in p.pieces[: int(ran)]:  # a program that ended early ran fewer waves
@@ -641,6 +653,7 @@ class Engine:
     def _collect(self, out, accepted, ran) -> list[Completion]:
         """A step program's tokens [C, steps, K+1] (and accepted counts) to the live rows."""
         self.device_steps += int(ran)
+        self.step_programs += 1
         out = np.asarray(out)
         live = [i for i, row in enumerate(self.rows) if row is not None
                 and row.remaining_prompt == 0]

@@ -58,7 +58,7 @@ from eagle3kit.core.config import TargetConfig
 from eagle3kit.decode import row_cache
 from eagle3kit.decode.executables import Program
 from eagle3kit.decode.sampling import Sampling, is_stop, request_keys, sample
-from eagle3kit.decode.steps import RowState, decoded, logits, run_steps
+from eagle3kit.decode.steps import RowState, decoded, logits, refill_due, run_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +167,7 @@ def mixed_program(w, draft_w, vocab, cache, dcache, state, base_key, stop_ids, w
 
     def more(carry):
         i, _, s, _ = carry
-        return (i < waves.count) & ~(waiting & (live_at_start & ~s.active).any())
+        return (i < waves.count) & ~refill_due(waiting, live_at_start, s.active)
 
     i, cache, state, out = jax.lax.while_loop(more, wave, (0, cache, state, out))
 

@@ -40,11 +40,18 @@ def logits(w: target.LayerList, hidden_BxD: jax.Array) -> jax.Array:
                       preferred_element_type=jnp.float32)
 
 
+def refill_due(waiting, live_at_start, active) -> jax.Array:
+    """Whether `waiting` (> 0) rows live at a program's start have finished since: the
+    program ends so that the host refills them."""
+    return (waiting > 0) & (jnp.sum(live_at_start & ~active) >= waiting)
+
+
 def run_steps(body, carry: tuple, steps: int, waiting, state_at: int, every: int = 1
               ) -> tuple:
     """`body(i, carry) -> carry` for i = 0, 1, ... while fewer than `steps` ran, a row is still
-    live, and no row live at the start has finished while `waiting` (requests queued for it),
-    so no step runs for nothing and a freed row is refilled at once. `carry[state_at]` is the
+    live, and fewer than `waiting` rows live at the start have finished (`waiting`: how many
+    freed rows the queued requests need before the host refills them, 0 while none waits),
+    so no step runs for nothing and freed rows are refilled soon. `carry[state_at]` is the
     rows' state (its `active` [C]); returns (steps run, *carry).
 
     The condition is checked before every `every` steps (`steps` a multiple of it): on a GPU,
@@ -56,7 +63,7 @@ def run_steps(body, carry: tuple, steps: int, waiting, state_at: int, every: int
 
     def more(c):
         active = c[1 + state_at].active
-        return (c[0] < steps) & active.any() & ~(waiting & (live_at_start & ~active).any())
+        return (c[0] < steps) & active.any() & ~refill_due(waiting, live_at_start, active)
 
     def steps_from(c):
         i = c[0]
