@@ -7,8 +7,11 @@ appends one JSON line per test: its node id, the CPU seconds (user + system) of 
 process, of the processes it started and waited for, and of the commands the eagle3kit fork
 server (tests/warm_cli.py) ran for it, each summed over setup, call and teardown; and the
 wall seconds; and, of this process only, how many programs JAX traced, lowered and compiled
-(or read from the compile cache), with their seconds. A session fixture's cost lands on the
-first test that uses it."""
+(or read from the compile cache), with their seconds; and `fresh`, the programs any process
+of the test compiled and wrote to the session's compile cache (conftest's
+JAX_COMPILATION_CACHE_DIR) by name: the same name in several tests is one program compiled at
+several shapes or configurations, a candidate for sharing one. A session fixture's cost lands
+on the first test that uses it."""
 
 from __future__ import annotations
 
@@ -51,6 +54,14 @@ def _commands() -> float:
         return 0.0
 
 
+def _cached() -> set[str]:
+    """The compile cache's entries (JAX names each `MODULE-KEY-cache`)."""
+    try:
+        return set(os.listdir(os.environ["JAX_COMPILATION_CACHE_DIR"]))
+    except (KeyError, FileNotFoundError):
+        return set()
+
+
 def _now() -> tuple[float, float, float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -63,14 +74,16 @@ def pytest_runtest_protocol(item, nextitem):
     if not _OUT:
         yield
         return
-    start = _now()
+    start, cached = _now(), _cached()
     before = {k: list(v) for k, v in _compiles.items()}
     yield
     end = _now()
+    fresh = sorted(name.rsplit("-", 2)[0] for name in _cached() - cached
+                   if name.endswith("-cache"))
     compiles = {k: [v[0] - before[k][0], round(v[1] - before[k][1], 2)]
                 for k, v in _compiles.items()}
     own, kids, commands, wall = (round(b - a, 2) for a, b in zip(start, end, strict=True))
     with open(_OUT, "a") as f:
         f.write(json.dumps({"test": item.nodeid, "own": own, "children": kids,
                             "commands": commands, "cpu": round(own + kids + commands, 2),
-                            "wall": wall, **compiles}) + "\n")
+                            "wall": wall, **compiles, "fresh": fresh}) + "\n")

@@ -108,7 +108,7 @@ def test_teacher_forced_equals_what_train_logs_for_its_final_weights(tiny, tmp_p
     r = invoke(["train", "--target", a / "target", "--data", a / "train.jsonl",
                 "--vocab", a / "vocab.safetensors", "--out", tmp_path / "run",
                 "--eval-data", a / "heldout.jsonl", "--ttt-length", 3, "--max-steps", 2,
-                "--lr", "1e-3", *shape])
+                "--lr", "1e-3", "--epochs", 1, *shape])  # test_train's base run: its programs
     assert r.exit_code == 0, r.output
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     final = [x for x in logged if x.get("eval")][-1]

@@ -14,8 +14,11 @@ import pytest
 from tests import assets
 from tests.cli.test_eval import FP32, GENERATE, invoke
 
+# each the train program of test_train_peagle / test_train_dflash (--epochs and --lr shape the
+# compiled schedule): the session compiles it once
 TRAIN = {"peagle": ["--arch", "peagle", "--ttt-length", "3"],
-         "dflash": ["--arch", "dflash", "--block-size", "4", "--draft-layers", "2"]}
+         "dflash": ["--arch", "dflash", "--block-size", "4", "--draft-layers", "2",
+                    "--epochs", "1", "--lr", "1e-3"]}
 
 
 @pytest.fixture(scope="module", params=sorted(TRAIN))

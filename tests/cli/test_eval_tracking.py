@@ -75,10 +75,11 @@ def tracked(tmp_path_factory):
             mp.setenv(name, str(tmp / "wandb-home"))
         mp.setenv("WANDB_MODE", "offline")
         run = tmp / "run"
+        # the one-device run of test_train_equivalences (its fp32_run): one train program
         r = invoke(["train", "--target", a / "target", "--data", a / "train.jsonl",
                     "--vocab", a / "vocab.safetensors", "--out", run, "--ttt-length", 3,
                     "--eval-data", a / "heldout.jsonl", "--eval-every", 2, "--max-steps", 2,
-                    "--lr", "1e-3", "--track", "tensorboard,wandb", *SHAPE])
+                    "--lr", "1e-3", "--epochs", 1, "--track", "tensorboard,wandb", *SHAPE])
         assert r.exit_code == 0, r.output
         r = invoke(["eval", "--target", a / "target", "--draft", run / "final",
                     "--data", a / "heldout.jsonl", "--json", "--track", "tensorboard,wandb",

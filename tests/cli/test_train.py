@@ -216,9 +216,14 @@ def test_refuses_a_folder_holding_another_tools_config(a, tmp_path):
     assert config.read_bytes() == before and [p.name for p in out.iterdir()] == ["config.json"]
 
 
+# One train program for the two tests below (EAGLE-3.1, TV, verify weights, one device): each
+# other combination compiles its own train step, the costliest compile of a tiny run.
+LOSS_RUN = [*ONE_DEVICE, "--loss", "tv", "--position-weights", "verify", "--arch", "eagle3.1"]
+
+
 def test_eagle31_draft_trains_and_its_architecture_is_kept(a, tmp_path):
     out = tmp_path / "run"
-    r = invoke(base_args(a, out, "--max-steps", "2", "--arch", "eagle3.1"))
+    r = invoke(base_args(a, out, *LOSS_RUN))
     assert r.exit_code == 0, r.output
     final = load_draft(out / "final")
     assert final.config.arch == "eagle3.1" and final.training["arch"] == "eagle3.1"
@@ -229,8 +234,10 @@ def test_eagle31_draft_trains_and_its_architecture_is_kept(a, tmp_path):
     assert all(np.isfinite(x).all() for _, x in losses(out))
     # the norms trained: the fc norms moved away from their initial ones
     assert not np.allclose(final.weights.fc_norm, 1.0)
-    r = invoke(base_args(a, out, "--max-steps", "3", "--resume"))  # --arch left at eagle3
-    assert r.exit_code == 3 and "--arch" in r.output
+    args = base_args(a, out, *LOSS_RUN[:-2], "--resume")  # --arch left at eagle3
+    args[args.index("--max-steps") + 1] = "3"
+    r = invoke(args)
+    assert r.exit_code == 3 and "--arch" in r.output, r.output
 
 
 def test_mismatched_vocab_is_refused_before_compute(a, tmp_path):
@@ -309,7 +316,7 @@ def test_loss_and_step_weights_are_trained_recorded_and_pinned(a, tmp_path):
     lands in config.json, the draft's training record and the model card; resuming with
     another loss or other weights is refused in one line, before anything is written."""
     out = tmp_path / "run"
-    r = invoke(base_args(a, out, *ONE_DEVICE, "--loss", "tv", "--position-weights", "verify"))
+    r = invoke(base_args(a, out, *LOSS_RUN))
     assert r.exit_code == 0, r.output
     # measured on this data: kl 2.412, nla 0.0989, lk-hybrid 0.0849, jsd 0.0159
     assert losses(out)[0][1] == pytest.approx(0.0870, abs=1e-3), losses(out)
@@ -328,8 +335,7 @@ def test_loss_and_step_weights_are_trained_recorded_and_pinned(a, tmp_path):
     before = (out / "config.json").read_text()
     for option, value, old in (("--loss", "kl", "tv"), ("--position-weights", "geometric",
                                                         "verify")):
-        args = base_args(a, out, *ONE_DEVICE, "--loss", "tv", "--position-weights", "verify",
-                         "--resume")
+        args = base_args(a, out, *LOSS_RUN, "--resume")
         args[args.index(option) + 1] = value
         args[args.index("--max-steps") + 1] = "3"
         r = invoke(args)
@@ -343,8 +349,7 @@ def test_loss_and_step_weights_are_trained_recorded_and_pinned(a, tmp_path):
     older = json.loads(before)
     del older["config"]["loss"]
     (out / "config.json").write_text(json.dumps(older))
-    r = invoke(base_args(a, out, *ONE_DEVICE, "--loss", "tv", "--position-weights", "verify",
-                         "--resume"))
+    r = invoke(base_args(a, out, *LOSS_RUN, "--resume"))
     assert r.exit_code == 3 and "--loss is 'tv' but the run was started with 'kl'" in r.output
 
 
