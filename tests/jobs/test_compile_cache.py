@@ -149,3 +149,35 @@ def test_a_second_eval_loads_every_program_of_its_turns_from_the_cache(tmp_path)
     three = json.loads(damaged.stdout)
     assert three["programs_from_executables"] == 0
     assert {k: three[k] for k in same} == {k: one[k] for k in same}
+
+
+def test_regenerate_compiles_its_programs_ahead_and_a_second_run_loads_them(tmp_path):
+    """Issue 36 item 3: with a compile cache in use, `regenerate` compiles every program its
+    turns and samples can meet before the first turn, several at once (prefill shapes of
+    first and later pieces, the row copy, and the kernel's one step): generation then
+    compiles nothing (the kernel path, whose interpreted kernel on a CPU is kept in no
+    cache); on the window path (whose step compiles per window as rows grow) a second run
+    in a fresh process loads every program compiled ahead; all write the same file."""
+    import re
+
+    from eagle3kit.data.records import encode
+    from tests import assets
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_bytes(b"".join(encode(c) for c in assets.sharegpt_chats(2)))
+    args = ["regenerate", "--target", str(assets.train_assets() / "target"), "-i", str(chats),
+            "-o", "-", "--samples", "2", "--temperature", "0.9", "--max-new-tokens", "6",
+            "--max-context", "256", "--slots", "4", "--target-dtype", "float32", "--mesh",
+            "data=1,tensor=1", "--kv-attention"]
+    runs = [_cli(tmp_path / path, *args, path) for path in ("pallas", "xla", "xla")]
+    ahead = []
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+        m = re.search(r"(\d+) programs compiled ahead in [\d.]+s \((\d+) of them from", r.stderr)
+        assert m, r.stderr
+        ahead.append((int(m[1]), int(m[2])))
+    assert "; 0 programs compiled meanwhile" in runs[0].stderr, runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout == runs[2].stdout
+    assert runs[0].stdout.count("\n") == 4
+    # prefill: first and later pieces of 128 and 256 tokens, the row copy (and the step)
+    assert ahead == [(6, 0), (5, 0), (5, 5)], ahead

@@ -403,6 +403,9 @@ class Engine:
                                                          cfg.attention.value, cfg.check_every)
         self._repeats = cfg.repetition and Detector(cfg.repetition, cfg.rows)
         self._prefixes = Prefixes(cfg.rows)
+        # prefill programs' first tokens not yet read: (device array [P], [(index in it,
+        # row)]), read with the next step program's tokens (`_started`)
+        self._firsts: list[tuple[Any, list[tuple[int, int]]]] = []
 
     @property
     def busy(self) -> bool:
@@ -460,12 +463,14 @@ class Engine:
             return done + self._run_mixed(waiting=self._refill_at(len(queue)))
         admitted += [i for i in sorted(filling) if i not in admitted]  # pieces left over
         if admitted:
-            done += self._prefill_rows(admitted)
+            self._prefill_rows(admitted)
         if later:
             self._copy(later)
-            done += self._prefill_rows([i for i, _ in later])
+            self._prefill_rows([i for i, _ in later])
         if any(r is not None and r.remaining_prompt == 0 for r in self.rows):
             done += self._run_rows(waiting=self._refill_at(len(queue)))
+        if self._firsts:  # no step program ran to read them with
+            done += self._started(jax.device_get([f for f, _ in self._firsts]))
         return done
 
     def check(self, r: Request) -> None:
@@ -482,8 +487,9 @@ class Engine:
             raise ValueError(f"request {r.handle!r}: {len(r.prompt)} prompt tokens + "
                              f"{r.max_new_tokens} new{more} do not fit {self.cfg.max_context}")
 
-    def _prefill_rows(self, rows: list[int]) -> list[Completion]:
-        done = []
+    def _prefill_rows(self, rows: list[int]) -> None:
+        """Prefills the rows' prompts, piece by piece; the first tokens of the rows whose
+        prompt is in are read later, with the step program's tokens (`_started`)."""
         while rows:
             # every admitted row's next piece; rows with a longer prompt come back for more
             start = {i: len(self.rows[i].request.prompt) - self.rows[i].remaining_prompt
@@ -499,10 +505,8 @@ class Engine:
             p = self.prefill_batch
             for (first, t, window), members in sorted(groups.items()):
                 for k in range(0, len(members), p):
-                    done += self._prefill_group(members[k: k + p], start, first, t, window)
-            rows = [i for i in rows if self.rows[i] is not None
-                    and self.rows[i].remaining_prompt > 0]
-        return done
+                    self._prefill_group(members[k: k + p], start, first, t, window)
+            rows = [i for i in rows if self.rows[i].remaining_prompt > 0]
 
     def _piece_shape(self, start: int, piece: int) -> tuple[bool, int, int]:
         """(first, tokens T, window) of the prefill program of a `piece`-token prompt piece
@@ -524,7 +528,7 @@ class Engine:
             with use_mesh(self.mesh):
                 self.cache = _copy_rows(self.cache, jax.device_put(src), jax.device_put(dst))
 
-    def _prefill_group(self, members, start, first, t, window) -> list[Completion]:
+    def _prefill_group(self, members, start, first, t, window) -> None:
         c, p = self.cfg.rows, self.prefill_batch
         tokens, following = np.zeros((p, t), np.int32), np.zeros((p, t), np.int32)
         rows = np.full((p,), c, np.int32)  # padding rows write nowhere
@@ -542,22 +546,34 @@ class Engine:
             self.cache, self.dcache, self.state, first_tokens = self._prefill(
                 *self._prefill_args(tokens, following, rows, starts, lengths, limits, seeds),
                 first=first, window=window or t)
-        first_tokens = np.asarray(jax.device_get(first_tokens))
-        started = {}
+        started = []
         for j, i in enumerate(members):
             row = self.rows[i]
             row.remaining_prompt = max(0, len(row.request.prompt) - start[i] - t)
             self.prefilled_tokens += min(t, len(row.request.prompt) - start[i])
             if row.remaining_prompt == 0:
-                started[i] = [int(first_tokens[j])]
-        return self._emit_rows(started, {})
+                started.append((j, i))
+        if started:
+            # read with the step program's tokens, in one transfer: a read here would make
+            # the host wait for this program before it dispatches the next one
+            self._firsts.append((first_tokens, started))
+
+    def _started(self, firsts: list) -> list[Completion]:
+        """The first tokens of the rows whose prompt a prefill program took in
+        (`self._firsts`, read to the host as `firsts`), appended as their rows' first
+        tokens; a row they end (a stop token, a limit of one) is retired."""
+        started = {i: [int(tokens[j])] for tokens, (_, rows) in zip(firsts, self._firsts,
+                                                                   strict=True)
+                   for j, i in rows}
+        self._firsts = []
+        return self._emit_rows(started, {}) if started else []
 
     def _prefill_args(self, *host: np.ndarray) -> tuple:
         """A prefill program's arguments before its static ones: the engine's arrays, then
         the pieces' (tokens, following, rows, starts, lengths, limits, seeds)."""
         spec = self.spec
         return (self.w, spec and spec.draft_w, spec and spec.vocab, self.cache, self.dcache,
-                self.state, self.base_key, self.stop_ids, *map(jax.device_put, host))
+                self.state, self.base_key, self.stop_ids, *jax.device_put(host))
 
     def _refill_at(self, queued: int) -> int:
         """How many rows must finish for a program to end early: none while no request
@@ -576,18 +592,31 @@ class Engine:
         with use_mesh(self.mesh):
             self.cache, self.dcache, self.state, out, accepted, ran = self._step(
                 *self._step_args(waiting), steps=steps, window=window)
-        return self._collect(*jax.device_get((out, accepted, ran)))
+        firsts, (out, accepted, ran) = jax.device_get(([f for f, _ in self._firsts],
+                                                       (out, accepted, ran)))
+        # the prefilled rows' first tokens come before the program's: a row one of them
+        # ended is not live in it (the device idled it too)
+        return self._started(firsts) + self._collect(out, accepted, ran)
 
-    def compilers(self, prompt_lengths: Sequence[int]) -> list[Callable[[], Any]]:
+    def compilers(self, prompt_lengths: Sequence[int], later_pieces: Sequence[int] = ()
+                  ) -> list[Callable[[], Any]]:
         """Thunks that compile ahead the programs requests with prompts of these lengths will
         run (every piece's prefill shape; the step where one program serves every length:
         the kernel's), to be run several at once (XLA compiles without Python's lock):
-        the requests then compile nothing of these. Each is compiled as the engine will
-        call it (same arguments, same mesh), so a call finds it in JAX's caches."""
+        the requests then compile nothing of these. `later_pieces`: lengths of pieces that
+        start after a prefix a row holds (`Request.share`: a conversation's next turn, a
+        sample's last prompt token), whose rows may be copied first (the copy program).
+        Each is compiled as the engine will call it (same arguments, same mesh), so a call
+        finds it in JAX's caches."""
         chunk, p, c = self.cfg.prefill_chunk, self.prefill_batch, self.cfg.rows
         shapes = {self._piece_shape(start, min(n - start, chunk))
                   for n in prompt_lengths for start in range(0, n, chunk)}
+        shapes |= {self._piece_shape(1, min(n, chunk)) for n in later_pieces}
         todo = []
+        if later_pieces:
+            self.programs.add(("copy", p))
+            rows = [jax.device_put(np.zeros((p,), np.int32)) for _ in range(2)]
+            todo.append(functools.partial(self._compile, _copy_rows, (self.cache, *rows)))
         for first, t, window in sorted(shapes):
             self.programs.add(("prefill", p, t, window))
             pieces = [np.zeros((p, t), np.int32)] * 2  # _prefill_group's dtypes and shapes
@@ -617,7 +646,8 @@ class Engine:
             # cache, small next to the target's reads, and an eval compiled the step once
             # per bucket, for each drafting shape)
             return self.cfg.max_context
-        longest = max([len(r.request.prompt) + len(r.tokens) for r in self.rows
+        # (a row whose first token is not read yet holds it: one token)
+        longest = max([len(r.request.prompt) + max(len(r.tokens), 1) for r in self.rows
                        if r is not None and r.remaining_prompt == 0] + list(prompts))
         # the furthest slot a live row can write in this program: each step commits at
         # most K+1 tokens (plain: 1) and writes `verified` from its newest token's slot

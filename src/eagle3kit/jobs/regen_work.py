@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 import zlib
@@ -348,15 +349,24 @@ class Runner:
                  info: GenerationInfo, writer: OrderedWriter, counts: Counts, progress):
         self.cfg, self.work, self.renderer, self.info = cfg, work, renderer, info
         self.writer, self.counts, self.progress = writer, counts, progress
+        self._first: tuple[ChatRecord, list[int]] | None = None  # the last first prompt
 
     def prompt_ids(self, w: Work) -> list[int] | None:
         """The next turn's prompt ids, or None when the dialogue is over (or cannot go on)."""
+        render = self.renderer.prompt_ids
+        if not w.dialogue.turns:  # the samples of a record (next to each other in the
+            # work) ask the same first prompt: rendered and tokenized once
+            render = functools.partial(self._first_prompt, w.record)
         try:
-            return conv.prompt_tokens(self.renderer.prompt_ids, w.dialogue,
-                                      self.cfg.max_context)
+            return conv.prompt_tokens(render, w.dialogue, self.cfg.max_context)
         except RenderError as e:
             w.dialogue.stop(f"the chat template refuses it ({e.reason})")
             return None
+
+    def _first_prompt(self, record: ChatRecord, messages: list) -> list[int]:
+        if self._first is None or self._first[0] is not record:
+            self._first = (record, self.renderer.prompt_ids(messages))
+        return list(self._first[1])
 
     def finish(self, w: Work) -> None:
         self.writer.put(w.index, finish_record(w, self.info, self.cfg, self.counts))

@@ -36,7 +36,7 @@ from eagle3kit.data.records import ChatRecord, GenerationInfo, display_name
 from eagle3kit.decode import conversations as conv
 from eagle3kit.decode.kv_attention import KVAttention, check_kv_attention, resolve_kv_attention
 from eagle3kit.decode.sampling import sampling_problem
-from eagle3kit.errors import InputError, UserError
+from eagle3kit.errors import InputError, UserError, plural
 from eagle3kit.jobs import common
 from eagle3kit.jobs.preempt import Preempted, Preemption
 from eagle3kit.jobs.progress import per_second
@@ -261,6 +261,7 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
     cfg = dataclasses.replace(cfg, slots=rows, max_context=context)
     with memory():
         engine = make_engine(cfg, ckpt, stops, console)
+        ahead = compile_programs(engine, cfg, work, console)
     progress = Progress(console, len(work))
     try:
         with memory(), output_stream(cfg) as stream, Preemption(console.print, at=STOP_AT) as stop, progress:
@@ -273,7 +274,17 @@ def run_local(cfg: RegenerateConfig, records: list[ChatRecord], done: collection
     finally:
         seconds = time.monotonic() - progress.t0
         console.print(f"regenerate: {counts.summary()}; {progress.info()} over "
-                      f"{seconds:,.1f}s", soft_wrap=True)
+                      f"{seconds:,.1f}s{compiled_since(ahead)}", soft_wrap=True)
+
+
+def compiled_since(ahead: int | None) -> str:
+    """The programs compiled while generating, after those compiled ahead (`ahead`: the
+    count then; None: none were)."""
+    if ahead is None:
+        return ""
+    from eagle3kit.jobs import eval_batched
+
+    return f"; {plural(eval_batched.compile_totals()[1] - ahead, 'program')} compiled meanwhile"
 
 
 MIN_POSITIONS = 256  # the sized cache's fewest positions (eval's engines' too: slots_for)
@@ -313,6 +324,40 @@ def cache_shape(cfg: RegenerateConfig, work: list[Work], renderer: Renderer
         if longest >= cfg.max_context:
             break
     return rows, min(cfg.max_context, max(MIN_POSITIONS, _power_of_two(longest)))
+
+
+def compile_programs(engine, cfg: RegenerateConfig, work: list[Work], console) -> int | None:
+    """Compiles the programs the run will meet ahead, several at once in threads (as `eval`
+    does: XLA compiles without Python's lock), where they were compiled one at a time as
+    each prompt shape first came up, every decoding row waiting; each is kept in the compile
+    cache, so a later run loads them. Where the compile cache is (jobs/common.compile_cache:
+    accelerators, a CPU only when asked): the prompts' lengths are not known ahead (later turns
+    answer the generated ones), so every prefill shape a piece can take within the cache
+    is compiled, first pieces and later ones (a turn that extends its row, a sample that
+    copies its sibling's, a long prompt's next piece), and the row copy."""
+    import os
+
+    import jax
+
+    from eagle3kit.decode.engine import MIN_PREFILL, bucket
+    from eagle3kit.jobs import eval_batched
+
+    if not jax.config.jax_compilation_cache_dir or (
+            jax.default_backend() == "cpu" and not os.environ.get("EAGLE3KIT_COMPILE_CACHE")):
+        return None
+    low = min(MIN_PREFILL, engine.cfg.prefill_chunk)  # every bucket a piece can take
+    top = bucket(min(engine.cfg.prefill_chunk, cfg.max_context - 1), low)
+    lengths = [n for n in (low << k for k in range(32)) if n <= top]
+    shared = cfg.samples > 1 or any(len(w.dialogue.answer_at) > 1 for w in work)
+    t0, (_, before), hits = (time.perf_counter(), eval_batched.compile_totals(),
+                             eval_batched.cache_hits())
+    eval_batched.compile_ahead(engine.compilers(lengths, lengths if shared else ()))
+    made = eval_batched.compile_totals()[1] - before
+    loaded = sum(eval_batched.cache_hits()) - sum(hits)
+    console.print(f"regenerate: {plural(made, 'program')} compiled ahead in "
+                  f"{time.perf_counter() - t0:.1f}s ({loaded} of them from the compile cache)",
+                  soft_wrap=True)
+    return eval_batched.compile_totals()[1]
 
 
 def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
