@@ -250,52 +250,51 @@ qafter)  # everything after qall's training, in the background (setsid) from a c
       > "$A/qafter.log" 2>&1 < /dev/null & )
   echo "qafter: started; follow with qafterwait"
   ;;
-qsecond)  # a short lease's checks, in the background from a copy of this checkout (after qjoin
-  # or qcarry x19; join with .stash/before for the "before"): GPU 0 trains a short EAGLE-3.1
-  # draft on the carried mix's original answers (qv1's data, V1_ARCH, MAX_STEPS 300: a draft
-  # of the recipe's shape for the export and compile checks, not for acceptance), then
-  # `compiles` (K=7, twice) and qpeers (JAX on the CPU); GPU 1 a profile of the regeneration
-  # (qregencmp PROFILE=1), then qparity; GPUs 2 and 3 the
-  # recipe's regeneration of one quarter of the training split from an empty compile cache,
-  # the carried older src (before) and this checkout (now), side by side. qafterwait follows.
+qsecond)  # a short lease's checks on two GPUs, in the background from a copy of this checkout
+  # (after qcarry x19; join with .stash/before for the "before"). GPU 0: the recipe's
+  # regeneration of one quarter of the training split from an empty compile cache with the
+  # carried older src (before), then the same under regen_profile.py. GPU 1: the same
+  # regeneration with this checkout (now) beside qparity, then a short EAGLE-3.1 draft on the
+  # carried mix's original answers (qv1's data, MAX_STEPS 300: the recipe's shape for the
+  # export and compile checks, not for acceptance), `compiles` (K=7, twice) and qpeers (JAX
+  # on the CPU). qafterwait follows.
   [ -f "$QW" ] || cat "$STASH"/qwen.part.* > "$QW"; rm -f "$STASH"/qwen.part.*
+  carried_mix  # once, before the jobs that read it start side by side
   A=$STASH/qafter; rm -rf "$A" "$STASH/arepo" && mkdir -p "$A" "$STASH/arepo/.stash"
   cp -r src benchmarks tests examples pyproject.toml "$STASH/arepo"/
   for d in peers qchats; do [ -d .stash/$d ] && cp -r .stash/$d "$STASH/arepo/.stash"/; done
   ( cd "$STASH/arepo" || exit; export OUT=$A QW Q; setsid nohup bash -c '
-      { N=1 CUDA_VISIBLE_DEVICES=0 V1_ARCH=eagle3.1 MAX_STEPS=${MAX_STEPS:-300} \
+      { WHICH=before GPU=0 bash benchmarks/qwen_session.sh qregencmp > "$OUT/qregencmp-before.log" 2>&1
+        WHICH=profile GPU=0 bash benchmarks/qwen_session.sh qregencmp > "$OUT/qprofile.log" 2>&1; } &
+      { CUDA_VISIBLE_DEVICES=1 WAIT_S=600 bash benchmarks/qwen_session.sh qparity > "$OUT/qparity-stage.log" 2>&1 &
+        WHICH=now GPU=1 bash benchmarks/qwen_session.sh qregencmp > "$OUT/qregencmp-now.log" 2>&1
+        N=1 CUDA_VISIBLE_DEVICES=1 V1_ARCH=eagle3.1 MAX_STEPS=${MAX_STEPS:-300} \
           bash benchmarks/qwen_session.sh qv1 > "$OUT/qmini.log" 2>&1
         ln -sfn run-v1 "$Q/run"
         JAX_PLATFORMS=cpu bash benchmarks/qwen_session.sh qpeers > "$OUT/qpeers-stage.log" 2>&1 &
-        CUDA_VISIBLE_DEVICES=0 TARGET=$QW DRAFT=$Q/run/final SHAPES=7 LIMIT=3 \
+        CUDA_VISIBLE_DEVICES=1 TARGET=$QW DRAFT=$Q/run/final SHAPES=7 LIMIT=3 \
           bash benchmarks/gpu_session.sh compiles > "$OUT/compiles.log" 2>&1; wait; } &
-      { PROFILE=1 bash benchmarks/qwen_session.sh qregencmp > "$OUT/qprofile.log" 2>&1
-        CUDA_VISIBLE_DEVICES=1 WAIT_S=600 bash benchmarks/qwen_session.sh qparity > "$OUT/qparity-stage.log" 2>&1; } &
-      bash benchmarks/qwen_session.sh qregencmp > "$OUT/qregencmp.log" 2>&1 &
       wait; touch "$OUT/DONE"' > "$A/qsecond.log" 2>&1 < /dev/null & )
   echo "qsecond: started; follow with qafterwait"
   ;;
-qregencmp)  # (qsecond's GPUs 2 and 3) one shard of the recipe's regeneration, each from an
-  # empty compile cache: $STASH/before/src (join carried .stash/before) on GPU 2, this
-  # checkout on GPU 3; their closing lines in $OUT/regencmp-{before,now}.log. PROFILE=1:
-  # this checkout on GPU 1 under regen_profile.py instead (8 s traced from PROFILE_AT, 120 s)
+qregencmp)  # one shard of the recipe's regeneration from an empty compile cache on GPU:
+  # WHICH=before ($STASH/before/src, which join unpacks from .stash/before), now (this
+  # checkout) or profile (this checkout under regen_profile.py: 8 s traced from PROFILE_AT,
+  # default 120 s); its log in $OUT/regencmp-WHICH.log
   carried_mix
-  ws="before now"; [ "${PROFILE:-0}" = 1 ] && ws=profile
-  for w in $ws; do
-    src=$PWD/src gpu=3 run=(python3 -m eagle3kit regenerate)
-    [ $w = before ] && src=$STASH/before/src gpu=2
-    [ $w = profile ] && gpu=1 run=(python3 benchmarks/regen_profile.py --at "${PROFILE_AT:-120}"
-      --seconds 8 --out "$STASH/regen-profile2" --)
-    [ -d "$src" ] || { echo "qregencmp: no $src" >&2; continue; }
-    ( cache=$(mktemp -d); CUDA_VISIBLE_DEVICES=$gpu EAGLE3KIT_COMPILE_CACHE=$cache \
-        PYTHONPATH=$SITE:$src timeout -s TERM "${SECONDS_MAX:-420}" "${run[@]}" \
-        --target "$QW" -i "$Q/train-chats.jsonl" -o "/tmp/regencmp-$w.jsonl" --force \
-        --temperature 0.7 --top-p 0.95 --on-repetition drop-answer --max-new-tokens 512 \
-        --max-context 2048 --turns all --slots 256 --samples 2 --shard "0/${SHARDS:-4}" \
-        > "$OUTDIR/regencmp-$w.log" 2>&1 ) &
-  done
-  wait; tail -n 2 "$OUTDIR"/regencmp-*.log
-  if [ -f "$STASH/regen-profile2/summary.md" ]; then
+  w=${WHICH:-now} src=$PWD/src run=(python3 -m eagle3kit regenerate)
+  [ "$w" = before ] && src=$STASH/before/src
+  [ "$w" = profile ] && run=(python3 benchmarks/regen_profile.py --at "${PROFILE_AT:-120}"
+    --seconds 8 --out "$STASH/regen-profile2" --)
+  [ -d "$src" ] || { echo "qregencmp: no $src" >&2; exit 2; }
+  cache=$(mktemp -d)
+  CUDA_VISIBLE_DEVICES=${GPU:-0} EAGLE3KIT_COMPILE_CACHE=$cache PYTHONPATH=$SITE:$src \
+    timeout -s TERM "${SECONDS_MAX:-420}" "${run[@]}" --target "$QW" -i "$Q/train-chats.jsonl" \
+    -o "/tmp/regencmp-$w.jsonl" --force --temperature 0.7 --top-p 0.95 --on-repetition \
+    drop-answer --max-new-tokens 512 --max-context 2048 --turns all --slots 256 --samples 2 \
+    --shard "0/${SHARDS:-4}" > "$OUTDIR/regencmp-$w.log" 2>&1 || true
+  tail -n 2 "$OUTDIR/regencmp-$w.log"
+  if [ "$w" = profile ] && [ -f "$STASH/regen-profile2/summary.md" ]; then
     cp "$STASH/regen-profile2/summary.md" "$OUTDIR/regen-profile2.md"; fi
   ;;
 qafterwait)
