@@ -173,7 +173,7 @@ def test_regenerate_compiles_its_programs_ahead_and_a_second_run_loads_them(tmp_
     ahead = []
     for r in runs:
         assert r.returncode == 0, r.stderr
-        m = re.search(r"(\d+) programs compiled ahead in [\d.]+s \((\d+) of them from", r.stderr)
+        m = re.search(r"(\d+) programs compiled ahead in [\d.]+s \((\d+) of them loaded", r.stderr)
         assert m, r.stderr
         ahead.append((int(m[1]), int(m[2])))
     assert "; 0 programs compiled meanwhile" in runs[0].stderr, runs[0].stderr

@@ -355,7 +355,7 @@ def compile_programs(engine, cfg: RegenerateConfig, work: list[Work], console) -
     made = eval_batched.compile_totals()[1] - before
     loaded = sum(eval_batched.cache_hits()) - sum(hits)
     console.print(f"regenerate: {plural(made, 'program')} compiled ahead in "
-                  f"{time.perf_counter() - t0:.1f}s ({loaded} of them from the compile cache)",
+                  f"{time.perf_counter() - t0:.1f}s ({loaded} of them loaded from disk)",
                   soft_wrap=True)
     return eval_batched.compile_totals()[1]
 
