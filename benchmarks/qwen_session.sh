@@ -4,6 +4,12 @@
 # draft trains on them), then the measurements. After gpu_session.sh's setup and join
 # (wheels, the ShareGPT / MT-bench / HumanEval packages), one stage per call:
 #
+# A lent host goes back about 30 s after a call ends, and the background stages (qall,
+# qafter, qsecond) and everything under $STASH go with it: send the next call (a qwait or
+# qafterwait) at once, never edit between calls. A call carries at most 64 MiB with the
+# checkout: .stash/p2 (62 MB) travels alone (carry .stash/before in a call of its own), and a
+# stage that reads the ShareGPT package (all of them here) fails until `join` has run.
+#
 #   bash benchmarks/qwen_session.sh qcarry  # once per part: .stash/qparts/qwen.part.NN carried
 #   bash benchmarks/qwen_session.sh qjoin   # the parts joined, sha256, load time, a greedy answer
 #   bash benchmarks/qwen_session.sh qdata   # mix, hold out 2%, regenerate (one --shard a GPU),
