@@ -21,6 +21,7 @@ import collections
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # (scope part of an op_name, row label), first match wins
@@ -161,6 +162,31 @@ def program_kind(module: str) -> str:
             "prefill" if "_prefill" in module else "other")
 
 
+def time_programs(engine, programs: list) -> Callable[[], None]:
+    """Wraps the engine's step, prefill and mixed programs: each call appends (kind, wall
+    seconds, device steps) to `programs`, waiting for its result as the engine does. Returns
+    what puts the engine's own programs back."""
+    import jax
+
+    def timed(kind, fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(fn(*args, **kwargs))
+            programs.append((kind, time.perf_counter() - t0, int(out[-1]) if kind == "step"
+                             else 0))
+            return out
+        return call
+
+    step, prefill, mixed = engine._step, engine._prefill, engine._mixed
+    engine._step, engine._prefill = timed("step", step), timed("prefill", prefill)
+    if mixed:  # prompts riding in steps (--mixed-budget)
+        engine._mixed = timed("step", mixed)
+
+    def restore() -> None:
+        engine._step, engine._prefill, engine._mixed = step, prefill, mixed
+    return restore
+
+
 def profile_engine(engine, requests, trace_dir: Path, hlo_dir: Path, top: int = 10) -> str:
     """Traces `engine.generate(requests)` (run it once before, so nothing compiles) and
     returns where its wall time went (module docstring). The optimized HLO of its programs
@@ -168,26 +194,13 @@ def profile_engine(engine, requests, trace_dir: Path, hlo_dir: Path, top: int = 
     import jax
 
     programs: list[tuple[str, float, int]] = []  # (kind, wall seconds, device steps)
-
-    def timed(kind, fn):
-        def call(*args, **kwargs):
-            t0 = time.perf_counter()
-            out = jax.block_until_ready(fn(*args, **kwargs))  # the engine waits for it too
-            programs.append((kind, time.perf_counter() - t0, int(out[-1]) if kind == "step"
-                             else 0))
-            return out
-        return call
-
     compiling: list[float] = []
 
     def on_event(event: str, duration: float, **_) -> None:
         if event.startswith("/jax/core/compile/"):
             compiling.append(duration)
 
-    step, prefill, mixed = engine._step, engine._prefill, engine._mixed
-    engine._step, engine._prefill = timed("step", step), timed("prefill", prefill)
-    if mixed:  # prompts riding in steps (--mixed-budget)
-        engine._mixed = timed("step", mixed)
+    restore = time_programs(engine, programs)
     jax.monitoring.register_event_duration_secs_listener(on_event)
     tokens = engine.generated_tokens
     jax.profiler.start_trace(str(trace_dir))
@@ -198,7 +211,7 @@ def profile_engine(engine, requests, trace_dir: Path, hlo_dir: Path, top: int = 
         wall = time.perf_counter() - t0
         jax.profiler.stop_trace()
         jax.monitoring.unregister_event_duration_listener(on_event)
-        engine._step, engine._prefill, engine._mixed = step, prefill, mixed
+        restore()
     tokens = engine.generated_tokens - tokens
     return engine_summary(kernels(trace_dir)[0], op_names(hlo_dir), programs, wall, tokens,
                           sum(compiling), top)

@@ -59,20 +59,7 @@ def main() -> None:
         engine, t_built = built[0]
         time.sleep(max(0.0, t_built + args.at - time.perf_counter()))
         programs: list[tuple[str, float, int]] = []
-
-        def timed(kind, fn):
-            def call(*a, **k):
-                t0 = time.perf_counter()
-                res = jax.block_until_ready(fn(*a, **k))
-                programs.append((kind, time.perf_counter() - t0,
-                                 int(res[-1]) if kind == "step" else 0))
-                return res
-            return call
-
-        step, prefill, mixed = engine._step, engine._prefill, engine._mixed
-        engine._step, engine._prefill = timed("step", step), timed("prefill", prefill)
-        if mixed:
-            engine._mixed = timed("step", mixed)
+        restore = profile_summary.time_programs(engine, programs)
         tokens = engine.generated_tokens
         jax.profiler.start_trace(str(out / "trace"))
         t0 = time.perf_counter()
@@ -82,7 +69,7 @@ def main() -> None:
         wall = time.perf_counter() - t0
         tokens = engine.generated_tokens - tokens
         window = list(programs)  # what ran inside the window
-        engine._step, engine._prefill, engine._mixed = step, prefill, mixed
+        restore()
         jax.profiler.stop_trace()
         text = (f"regenerate, traced {wall:.1f} s from {args.at:.0f} s after the engine was "
                 f"built: {tokens:,} tokens, {tokens / wall:,.0f} tokens/s while traced\n\n"
