@@ -77,6 +77,16 @@ hold_out() {  # $1 -> $2 (every 50th line) and $3 (the others), as the SmolLM2 r
   mv "$2.tmp" "$2"; mv "$3.tmp" "$3"
 }
 
+in_background() {  # NAME OUT SCRIPT: SCRIPT runs under setsid (OUT exported, its log
+  # OUT/NAME.log) from a copy of this checkout in $STASH/NAME-repo, so that later calls,
+  # which replace this checkout, cannot change it; the carried .stash/qchats and peers go too
+  local repo=$STASH/$1-repo out=$2
+  rm -rf "$repo" "$out" && mkdir -p "$repo/.stash" "$out"
+  cp -r src benchmarks tests examples pyproject.toml "$repo"/  # tests: qpeers's runner
+  for d in qchats peers; do if [ -d .stash/$d ]; then cp -r .stash/$d "$repo/.stash"/; fi; done
+  ( cd "$repo" || exit; export OUT=$out QW Q; setsid nohup bash -c "$3" > "$out/$1.log" 2>&1 < /dev/null & )
+}
+
 case "$1" in
 qcarry)
   cp .stash/qparts/qwen.part.* "$STASH"/
@@ -185,14 +195,8 @@ qall)
     echo "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046  $QW" | sha256sum -c ;;
   esac
   rm -f "$STASH"/qwen.part.*
-  # a copy, so that later calls (which replace this checkout) cannot change a running script
-  rm -rf "$STASH/qrepo" "$STASH/qall" && mkdir -p "$STASH/qall" "$STASH/qrepo/.stash"
-  cp -r src benchmarks tests examples pyproject.toml "$STASH/qrepo"/  # tests: qpeers's runner
-  for d in qchats peers; do  # carried with this call (peers: for a chain ending in qfinish)
-    if [ -d .stash/$d ]; then cp -r .stash/$d "$STASH/qrepo/.stash"/; fi; done
-  ( cd "$STASH/qrepo" || exit; OUT=$STASH/qall setsid nohup bash -c \
-      'for st in ${QALL_STAGES:-qdata qtrain}; do bash benchmarks/qwen_session.sh $st || break; done; touch "$OUT/DONE"' \
-      > "$STASH/qall/qall.log" 2>&1 < /dev/null & )
+  in_background qall "$STASH/qall" \
+    'for st in ${QALL_STAGES:-qdata qtrain}; do bash benchmarks/qwen_session.sh $st || break; done; touch "$OUT/DONE"'
   echo "qall: started; follow with qwait"
   ;;
 qwait)
@@ -260,12 +264,7 @@ qafter)  # qfinish in the background (setsid) from a copy of this checkout (test
   # for qpeers; carry .stash/peers), after qall's qdata and qtrain. Follow with qafterwait;
   # $OUT gets qafter.tgz
   [ -e "$STASH/qall/DONE" ] && [ -d "$Q/run/final" ] || { echo "qafter: no $Q/run/final yet" >&2; exit 75; }
-  A=$STASH/qafter; rm -rf "$A" "$STASH/arepo" && mkdir -p "$A" "$STASH/arepo/.stash"
-  cp -r src benchmarks tests examples pyproject.toml "$STASH/arepo"/
-  [ -d .stash/peers ] && cp -r .stash/peers "$STASH/arepo/.stash"/
-  ( cd "$STASH/arepo" || exit; export OUT=$A QW Q; setsid nohup bash -c \
-      'bash benchmarks/qwen_session.sh qfinish; touch "$OUT/DONE"' \
-      > "$A/qafter.log" 2>&1 < /dev/null & )
+  in_background qafter "$STASH/qafter" 'bash benchmarks/qwen_session.sh qfinish; touch "$OUT/DONE"'
   echo "qafter: started; follow with qafterwait"
   ;;
 qsecond)  # a short lease's checks on two GPUs, in the background from a copy of this checkout
@@ -278,10 +277,7 @@ qsecond)  # a short lease's checks on two GPUs, in the background from a copy of
   # on the CPU). qafterwait follows.
   [ -f "$QW" ] || cat "$STASH"/qwen.part.* > "$QW"; rm -f "$STASH"/qwen.part.*
   carried_mix  # once, before the jobs that read it start side by side
-  A=$STASH/qafter; rm -rf "$A" "$STASH/arepo" && mkdir -p "$A" "$STASH/arepo/.stash"
-  cp -r src benchmarks tests examples pyproject.toml "$STASH/arepo"/
-  for d in peers qchats; do if [ -d .stash/$d ]; then cp -r .stash/$d "$STASH/arepo/.stash"/; fi; done
-  ( cd "$STASH/arepo" || exit; export OUT=$A QW Q; setsid nohup bash -c '
+  in_background qsecond "$STASH/qafter" '
       { WHICH=before GPU=0 bash benchmarks/qwen_session.sh qregencmp > "$OUT/qregencmp-before.log" 2>&1
         WHICH=profile GPU=0 bash benchmarks/qwen_session.sh qregencmp > "$OUT/qprofile.log" 2>&1; } &
       { CUDA_VISIBLE_DEVICES=1 WAIT_S=600 bash benchmarks/qwen_session.sh qparity > "$OUT/qparity-stage.log" 2>&1 &
@@ -292,7 +288,7 @@ qsecond)  # a short lease's checks on two GPUs, in the background from a copy of
         JAX_PLATFORMS=cpu bash benchmarks/qwen_session.sh qpeers > "$OUT/qpeers-stage.log" 2>&1 &
         CUDA_VISIBLE_DEVICES=1 TARGET=$QW DRAFT=$Q/run/final SHAPES=7 LIMIT=3 \
           bash benchmarks/gpu_session.sh compiles > "$OUT/compiles.log" 2>&1; wait; } &
-      wait; touch "$OUT/DONE"' > "$A/qsecond.log" 2>&1 < /dev/null & )
+      wait; touch "$OUT/DONE"'
   echo "qsecond: started; follow with qafterwait"
   ;;
 qregencmp)  # one shard of the recipe's regeneration from an empty compile cache on GPU:
