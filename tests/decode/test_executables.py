@@ -130,6 +130,26 @@ def test_the_same_shapes_on_other_devices_miss(kept):
         same(jax.tree.map(np.asarray, out), reference(X, Y))
 
 
+def test_arrays_laid_out_alike_under_other_sharding_objects_meet_one_program(kept):
+    """On one device P('data') and P() lay an array out alike: a program compiled ahead for
+    one (the engine's allocated cache) serves calls with the other (that cache as a step
+    returns it), neither compiled again in this process nor loaded again in the next."""
+    path, said = kept
+    mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
+    split, whole = (NamedSharding(mesh, PartitionSpec(*spec)) for spec in (("data",), ()))
+    p = program()
+    p.compile(jax.device_put(X, split), jax.device_put(Y, whole), steps=3)
+    assert len(list(path.glob("*.exe"))) == 1
+    before = eval_batched.compile_totals()[1], hits()
+    out = p(jax.device_put(X, whole), jax.device_put(Y, split), steps=3)
+    assert (eval_batched.compile_totals()[1], hits()) == before  # the executable it holds
+    same(jax.tree.map(np.asarray, out), reference(X, Y))
+    q = program()  # a later process: loads the kept one, keeps no second
+    out = q(jax.device_put(X, whole), jax.device_put(Y, whole), steps=3)
+    assert hits() == before[1] + 1 and len(list(path.glob("*.exe"))) == 1 and not said
+    same(jax.tree.map(np.asarray, out), reference(X, Y))
+
+
 @pytest.mark.parametrize("damage", ["garbage", "cut", "flipped", "other key"])
 def test_a_damaged_entry_is_reported_and_compiled_again(kept, damage):
     path, said = kept

@@ -177,6 +177,11 @@ def test_regenerate_compiles_its_programs_ahead_and_a_second_run_loads_them(tmp_
         assert m, r.stderr
         ahead.append((int(m[1]), int(m[2])))
     assert "; 0 programs compiled meanwhile" in runs[0].stderr, runs[0].stderr
+    # the window path's steps compile as rows grow; a second run loads those and nothing
+    # more (a program met with its cache laid out as a step returns it, not as allocated,
+    # was loaded again)
+    meanwhile = [re.search(r"(\d+) programs? compiled meanwhile", r.stderr)[1] for r in runs[1:]]
+    assert meanwhile[0] == meanwhile[1], meanwhile
     assert runs[0].stdout == runs[1].stdout == runs[2].stdout
     assert runs[0].stdout.count("\n") == 4
     # prefill: first and later pieces of 128 and 256 tokens, the row copy (and the step)

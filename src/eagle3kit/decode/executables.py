@@ -12,7 +12,8 @@ an executable depends on, so that a stale one cannot be loaded:
 - the program: its name, its function's module and qualified name, the static configuration
   bound to it (functools.partial's arguments, by repr) and jit's options;
 - the call: the static arguments' values, the dynamic arguments' pytree structure and every
-  leaf's shape, dtype, weak type, sharding (with its devices) and commitment, and the mesh
+  leaf's shape, dtype, weak type, layout on the devices (its
+  sharding as XLA reads it, with the devices in order: not the sharding object) and commitment, and the mesh
   of `core.sharding.use_mesh` (which pins activations while tracing);
 - the machine and the software: platform, device kind and count, the backend's version,
   jax, jaxlib, numpy and Python versions, JAX's tracing configuration (`trace_context`:
@@ -228,8 +229,22 @@ def _signature(dynamic: tuple, fixed: tuple) -> tuple:
     """What tells two calls' executables apart within this process (as jit's cache does)."""
     leaves, tree = jax.tree.flatten(dynamic)
     return fixed, tree, active_mesh(), tuple(
-        (jax.typeof(x), x.sharding, x.committed) if isinstance(x, jax.Array)
+        (jax.typeof(x), _layout(x.sharding, x.ndim), x.committed) if isinstance(x, jax.Array)
         else (type(x), np.shape(x), np.result_type(x)) for x in leaves)
+
+
+def _layout(sharding: jax.sharding.Sharding, ndim: int) -> tuple:
+    """How an argument lies on the devices, whatever object says so: a program's outputs may
+    carry another sharding than the one its inputs were made with (on one device a cache
+    allocated as P('data', None, 'tensor', None) comes back from a step as P()), and an
+    executable runs either. Keyed on the sharding object itself, every call after the
+    first met a program compiled ahead for "another" signature and traced it again, or,
+    where executables were kept, loaded it again from disk."""
+    try:
+        return (str(sharding._to_xla_hlo_sharding(ndim)),
+                tuple(d.id for d in sharding._device_assignment), sharding.memory_kind)
+    except Exception:  # a sharding without JAX's private view: the object itself
+        return (sharding,)
 
 
 def _made(fun: Callable, **options: Any) -> str | None:
@@ -264,7 +279,7 @@ def _leaf_text(x: Any) -> str:
     if isinstance(x, jax.Array):
         aval = jax.typeof(x)
         return (f"{aval.str_short()} weak={aval.weak_type} committed={x.committed} "
-                f"sharding {_text(x.sharding)}")
+                f"sharding {_text(_layout(x.sharding, x.ndim))}")
     return f"{type(x).__name__} {np.shape(x)} {np.result_type(x)}"
 
 
