@@ -161,7 +161,7 @@ def main() -> None:
                              args.full_rows)
         arrays = {k: v.reshape(args.grad_accum, batch, args.seq_len) for k, v in arrays.items()}
         tokens = int((arrays["segment_ids"] > 0).sum())
-        try:
+        try:  # every step at step 0's LR (an input of the step: its cost is the same)
             t0 = time.perf_counter()
             state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays), 0)
             jax.block_until_ready(m.loss)
