@@ -87,8 +87,9 @@ def estimate(config_path: str, batch: int, seq_len: int, steps: int, draft_vocab
         state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                              state, trainer.state_shardings)
         with use_mesh(mesh):
-            compiled = jax.jit(trainer._train_step).lower(state, target_w, vocab,
-                                                          batch_shapes).compile()
+            compiled = jax.jit(trainer._train_step).lower(
+                state, target_w, vocab, batch_shapes,
+                jax.ShapeDtypeStruct((), jnp.float32)).compile()  # the update's LR
         mem = compiled.memory_analysis()
         out["xla_temp_GiB"] = mem.temp_size_in_bytes / GiB
     out["total_GiB"] = sum(v for k, v in out.items() if k.endswith("_GiB"))

@@ -161,9 +161,9 @@ def main() -> None:
                              args.full_rows)
         arrays = {k: v.reshape(args.grad_accum, batch, args.seq_len) for k, v in arrays.items()}
         tokens = int((arrays["segment_ids"] > 0).sum())
-        try:
+        try:  # every step at step 0's LR (an input of the step: its cost is the same)
             t0 = time.perf_counter()
-            state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays))
+            state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays), 0)
             jax.block_until_ready(m.loss)
             compile_s = time.perf_counter() - t0
             flops = tokens * model_flops.flops_per_token(tcfg, dcfg, args.seq_len,
@@ -171,7 +171,7 @@ def main() -> None:
             times = []
             for _ in range(args.steps):
                 t0 = time.perf_counter()
-                state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays))
+                state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays), 0)
                 jax.block_until_ready(m.loss)
                 times.append(time.perf_counter() - t0)
             t0, previous = time.perf_counter(), None
@@ -179,7 +179,7 @@ def main() -> None:
                 batch_dev = put_batch(trainer, arrays)  # while the last step runs
                 if previous is not None:
                     jax.block_until_ready(previous.loss)
-                state, m = trainer.train_step(state, target_w, va, batch_dev)
+                state, m = trainer.train_step(state, target_w, va, batch_dev, 0)
                 previous = m
             jax.block_until_ready(previous.loss)
             piped = (time.perf_counter() - t0) / args.steps
@@ -196,7 +196,8 @@ def main() -> None:
             from eagle3kit.core.sharding import use_mesh
             with use_mesh(mesh):
                 batch_arrays = put_batch(trainer, arrays)
-                mem = trainer._step.lower(state, target_w, va, batch_arrays).compile() \
+                mem = trainer._jitted["step"].lower(state, target_w, va, batch_arrays,
+                                                      trainer.lr(0)).compile() \
                     .memory_analysis()
             print(f"      XLA per device: arguments {mem.argument_size_in_bytes / 2**30:.2f} "
                   f"GiB, outputs {mem.output_size_in_bytes / 2**30:.2f}, temporaries "
@@ -212,7 +213,7 @@ def main() -> None:
             trace = Path(args.profile) / f"trace-b{batch}-{impl}"
             jax.profiler.start_trace(str(trace))
             for _ in range(2):
-                state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays))
+                state, m = trainer.train_step(state, target_w, va, put_batch(trainer, arrays), 0)
                 jax.block_until_ready(m.loss)
             jax.profiler.stop_trace()
             print(profile_summary.summarize(trace, Path(args.profile) / "hlo", 2))

@@ -17,12 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from eagle3kit.cli.app import app
 from eagle3kit.core.draft import arrays as draft_arrays
+from eagle3kit.core.optim import OptimConfig, schedule
 from eagle3kit.io.draft_io import load_draft
 from eagle3kit.jobs import train as train_job
 from tests import assets
@@ -118,6 +120,9 @@ def test_train_resume_equals_uninterrupted(a, tmp_path, monkeypatch):
     assert set(recorded["fingerprints"]) == {"tokenizer", "data", "vocab", "target"}
     expected = [(x["step"], x["loss"], x["lr"]) for x in rows(whole)]
     assert expected[0][2] > 0  # step 1 learns: warmup does not start at lr 0
+    # step n is given the schedule's value at count n - 1 (an input of the step: core/optim.py)
+    at = jax.jit(schedule(OptimConfig(lr=1e-3, total_steps=final.training["planned_steps"])))
+    assert [x[2] for x in expected] == [at(np.int32(n - 1)).item() for n in (1, 2, 3, 4)]
 
     # killed after the checkpoint at step 2 had logged steps 3 and 4 (and a cut line):
     # --resume logs each re-run step once, metrics.jsonl reads as one run

@@ -30,8 +30,8 @@ def _train_process(server, a: Path, out: Path, *extra: str) -> warm_cli.Command:
     fresh interpreter's seconds of imports), its stderr a pipe."""
     args = base_args(a, out, "--max-steps", "12", "--save-every", "5", "--log-every", "1",
                      *extra)
-    # 9 steps per epoch; 4 epochs as test_train_kill's runs (the schedule spans them): one
-    # train program compiled for both modules
+    # 9 steps per epoch: --max-steps 12 needs a second (4 epochs, as test_train_kill's runs;
+    # the epochs no longer shape the train program: core/optim.py)
     args[args.index("--epochs") + 1] = "4"
     args[args.index(MESH)] = "data=1,tensor=1"
     return warm_cli.Command(server.sock, args, env=server.env, stdin=warm_cli.DEVNULL,

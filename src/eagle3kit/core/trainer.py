@@ -21,13 +21,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from eagle3kit.core import arches, draft, ttt
 from eagle3kit.core.config import DraftConfig, TargetConfig
 from eagle3kit.core.metrics import StepCounts
-from eagle3kit.core.optim import OptimConfig, make_optimizer, schedule
+from eagle3kit.core.optim import OptimConfig, make_optimizer, program_key, step_lrs
 from eagle3kit.core.sharding import init_weights, shardings, spec_for, use_mesh
 from eagle3kit.core.vocab_arrays import VocabArrays
 from eagle3kit.named import imported
@@ -81,8 +82,7 @@ class Trainer:
         if hasattr(self.method, "metric_steps"):
             ttt_cfg = dataclasses.replace(ttt_cfg, steps=self.method.metric_steps(dcfg))
         self.tcfg, self.dcfg, self.ttt, self.optim, self.mesh = tcfg, dcfg, ttt_cfg, optim, mesh
-        self.tx = make_optimizer(optim)
-        self.lr_at = schedule(optim)
+        self._lrs = None  # the schedule's values, made by the first train step (not by eval)
         self.replicated = NamedSharding(mesh, PartitionSpec())
         # [A, B, T] batches: rows split over `data`
         # batch layouts from the rules table: [micro-batches, rows, tokens] and [rows, tokens]
@@ -93,7 +93,8 @@ class Trainer:
         self._abstract_params = abstract
         self.state_shardings = None
         # what the jitted functions read of `self` is decided by this key alone
-        self._jitted = _programs(tcfg, dcfg, self.ttt, optim, mesh)
+        # (the schedule is an input of the step: runs with another --lr or --epochs share it)
+        self._jitted = _programs(tcfg, dcfg, self.ttt, program_key(optim), mesh)
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -113,7 +114,9 @@ class Trainer:
         return init(params)
 
     def _init(self, params) -> TrainState:
-        return TrainState(params, self.tx.init(params), jnp.zeros((), jnp.int32))
+        # the state holds no LR (each step is given its own): any will do to build it
+        tx = make_optimizer(self.optim, lambda _: 0.0)
+        return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32))
 
     def _jit(self, name: str, make):
         """This combination's jitted `name`, made by `make()` the first time."""
@@ -145,8 +148,8 @@ class Trainer:
             return own(batch, self.dcfg, self.ttt)
         return ttt.valid_counts(batch, self.ttt.steps)
 
-    def _train_step(self, state: TrainState, target_w, vocab: VocabArrays,
-                    batch: ttt.Batch) -> tuple[TrainState, StepMetrics]:
+    def _train_step(self, state: TrainState, target_w, vocab: VocabArrays, batch: ttt.Batch,
+                    lr: jax.Array) -> tuple[TrainState, StepMetrics]:
         loss_fn = self._loss()
         # per-step masked-token counts over the whole global batch: the loss denominators
         flat = jax.tree.map(lambda x: x.reshape(-1, x.shape[-1]), batch)
@@ -167,19 +170,30 @@ class Trainer:
             init = (zeros, jnp.zeros((), jnp.float32), StepCounts.zeros(self.ttt.steps))
             (grads, loss, counts), _ = jax.lax.scan(micro, init, batch)
         with jax.named_scope("optimizer"):
-            updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+            # this update's LR, given: the schedule's settings are not constants of the program
+            tx = make_optimizer(self.optim, lambda _: lr)
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
         metrics = StepMetrics(loss=loss, grad_norm=optax.tree.norm(grads),
-                              lr=self.lr_at(state.step), tokens=(batch.segment_ids > 0).sum(),
+                              lr=lr, tokens=(batch.segment_ids > 0).sum(),
                               counts=counts)
         return TrainState(params, opt_state, state.step + 1), metrics
 
-    def train_step(self, state: TrainState, target_w, vocab: VocabArrays,
-                   batch: ttt.Batch) -> tuple[TrainState, StepMetrics]:
-        step = self._jit("step", lambda: jax.jit(self._train_step, donate_argnums=(0,),
-                                                  out_shardings=(self.state_shardings, None)))
+    def lr(self, step: int) -> np.float32:
+        """The LR of the update from `step` (0-based: the state's step before it)."""
+        if self._lrs is None:
+            self._lrs = step_lrs(self.optim)
+        return self._lrs[min(step, len(self._lrs) - 1)]
+
+    def train_step(self, state: TrainState, target_w, vocab: VocabArrays, batch: ttt.Batch,
+                   step: int) -> tuple[TrainState, StepMetrics]:
+        """One update of `state`, whose step (the host's count, so that nothing waits for the
+        device to read it) is `step`."""
+        jitted = self._jit("step", lambda: jax.jit(self._train_step, donate_argnums=(0,),
+                                                    out_shardings=(self.state_shardings, None)))
+        lr = self.lr(step)  # (its first call computes the values: outside the mesh)
         with use_mesh(self.mesh):
-            return step(state, target_w, vocab, batch)
+            return jitted(state, target_w, vocab, batch, lr)
 
     def _eval_step(self, params, target_w, vocab, batch: ttt.Batch) -> StepCounts:
         denominators = self._denominators(batch)

@@ -230,7 +230,7 @@ def run(cfg: TrainConfig, console, stop: Preemption | None = None) -> Path:
                     if cfg.profile_steps and step == cfg.profile_steps[0]:
                         jax.profiler.start_trace(str(out / "profile"))
                         tracing = True
-                    state, metrics = _step(trainer, state, target_w, vocab_dev, batch, cfg)
+                    state, metrics = _step(trainer, state, target_w, vocab_dev, batch, step, cfg)
                     step, position = step + 1, position + 1
                     if tracing and step == cfg.profile_steps[1]:
                         jax.block_until_ready(metrics.loss)
@@ -401,12 +401,12 @@ def _truncate_metrics(path: Path, step: int) -> None:
         tmp.write_text("".join(kept))
 
 
-def _step(trainer, state, target_w, vocab_dev, batch, cfg):
+def _step(trainer, state, target_w, vocab_dev, batch, step, cfg):
     with common.out_of_memory(
             f"--batch-size {cfg.batch_size} x --seq-len {cfg.seq_len} x --ttt-length "
             f"{cfg.ttt.steps}", "lower --batch-size (and raise --grad-accum to keep the global "
             "batch), shorten --seq-len, or add tensor parallelism (--mesh tensor=N)"):
-        return trainer.train_step(state, target_w, vocab_dev, batch)
+        return trainer.train_step(state, target_w, vocab_dev, batch, step)
 
 
 def _report(pending, log, progress) -> None:
