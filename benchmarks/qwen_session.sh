@@ -44,7 +44,7 @@
 # default 150 s, summed into regen-profile.md; that process builds no CUDA graphs),
 # RECORDS (conversations mixed, default 4000), SAMPLES (2), REGEN_NEW_TOKENS (512),
 # REGEN_SLOTS (256), TAKE_PARTIAL=1 (train on the shards as far as SECONDS_MAX let them
-# go), EPOCHS (6), SECONDS_MAX (stop a stage before the call's limit), MT_LIMIT /
+# go), EPOCHS (5, the recipe's), SECONDS_MAX (stop a stage before the call's limit), MT_LIMIT /
 # HE_LIMIT (prompts per set; default all), N (GPUs; default all the host has); QW, Q and
 # MAX_STEPS, SEQ, BATCH, NEW_TOKENS for a dry run on a CPU with another GGUF (QW=SmolLM2 N=1 RECORDS=20 ...).
 set -euo pipefail
@@ -156,7 +156,7 @@ qdata)
     --tokens regenerated="$Q/train.jsonl" 2>&1 | tee -a "$OUTDIR/qdata.txt" || true
   ;;
 qtrain)
-  : "${EPOCHS:=6}"
+  : "${EPOCHS:=5}"
   resume=""; [ -f "$Q/run/config.json" ] && resume=--resume
   start=$(date +%s)
   $E3K train --target "$QW" --data "$Q/train.jsonl" --vocab "$Q/vocab.safetensors" \
@@ -326,7 +326,7 @@ qcard)  # the exports a user serves and the card `push` writes into the SGLang o
   done
   evals=(); for e in "$Q"/qeval-*.json; do [ -s "$e" ] && evals+=(--eval "$e"); done
   $E3K push "$Q/export/sglang" --repo-id "${REPO_ID:-your-org/Qwen2.5-Coder-1.5B-Instruct-Eagle3-v2}" \
-    --dry-run "${evals[@]}" \
+    --dry-run "${evals[@]}" --license apache-2.0 \
     --recipe "examples/qwen2.5-coder-1.5b/Makefile VERSION=v2 (benchmarks/qwen_session.sh)" \
     2>&1 | tail -n 3
   cp "$Q/export/sglang/README.md" "$OUTDIR/qwen-card.md"

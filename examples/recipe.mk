@@ -248,7 +248,7 @@ $(DIR)/export/%/eagle3kit.json: $(FINAL)
 # 6. the model card (README.md in the export), from the run's record and the eval results
 $(CARD): $(DIR)/export/$(PUSH_FORMAT)/eagle3kit.json $(EVALS)
 	$(E3K) push $(DIR)/export/$(PUSH_FORMAT) --repo-id $(REPO_ID) --dry-run \
-	  --recipe '$(RECIPE)' $(foreach e,$(EVALS),--eval $(e))
+	  --recipe '$(RECIPE)' $(foreach e,$(EVALS),--eval $(e)) $(if $(LICENSE),--license $(LICENSE))
 
 # 7. publish (rewrites the card first; PUSH_FLAGS=--dry-run stops short of the network);
 #    never to the placeholder organisation
@@ -256,7 +256,8 @@ push: $(CARD)
 	$(if $(filter your-org/%,$(REPO_ID)),$(error REPO_ID=$(REPO_ID) is the placeholder: set \
 	  HF_ORG=your-hub-organisation (or REPO_ID=ORG/NAME) to push))
 	$(E3K) push $(DIR)/export/$(PUSH_FORMAT) --repo-id $(REPO_ID) \
-	  --recipe '$(RECIPE)' $(foreach e,$(EVALS),--eval $(e)) $(PUSH_FLAGS)
+	  --recipe '$(RECIPE)' $(foreach e,$(EVALS),--eval $(e)) $(if $(LICENSE),--license $(LICENSE)) \
+	  $(PUSH_FLAGS)
 
 clean-run:
 	rm -rf $(RUN) $(DIR)/eval-*.json $(DIR)/samples-*.jsonl $(DIR)/export
