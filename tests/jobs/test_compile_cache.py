@@ -10,12 +10,14 @@ has its own (tests/conftest.py).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import types
 from pathlib import Path
 
 import jax
+import pytest
 
 from eagle3kit.jobs import common
 from eagle3kit.jobs.common import compile_cache
@@ -40,20 +42,38 @@ def test_jaxs_own_setting_wins_a_cpu_sets_none_and_an_accelerator_reads_the_vari
     assert len(said) == 1 and "compiling without it" in said[0]
 
 
-def regenerate(tmp_path: Path, cache: Path) -> subprocess.CompletedProcess:
-    """`eagle3kit regenerate` of two real conversations by the tiny random target (fp32,
-    greedy) as a fresh process with EAGLE3KIT_COMPILE_CACHE=cache (a CPU uses it only when
-    asked); JAX's own variable, which this session sets (tests/conftest.py), left out."""
+def chats_file(directory: Path) -> Path:
+    """Two real ShareGPT conversations."""
     from eagle3kit.data.records import encode
     from tests import assets
 
-    chats = tmp_path / "chats.jsonl"
+    chats = directory / "chats.jsonl"
     if not chats.exists():
         chats.write_bytes(b"".join(encode(c) for c in assets.sharegpt_chats(2)))
-    return _cli(cache, "regenerate", "--target", str(assets.train_assets() / "target"), "-i",
-                str(chats), "-o", "-", "--turns", "first", "--max-new-tokens", "6",
-                "--max-context", "256", "--slots", "2", "--target-dtype", "float32",
-                "--mesh", "data=1,tensor=1")
+    return chats
+
+
+def regenerate_args(chats: Path, kv_attention: str) -> list[str]:
+    """`regenerate` of every turn of `chats`, two samples each (sampled, fp32) by the tiny
+    random target, to stdout: as a fresh process (`_cli`), the programs of prefills of first
+    and later pieces, the row copy and the steps."""
+    from tests import assets
+
+    return ["regenerate", "--target", str(assets.train_assets() / "target"), "-i", str(chats),
+            "-o", "-", "--samples", "2", "--temperature", "0.9", "--max-new-tokens", "6",
+            "--max-context", "256", "--slots", "4", "--target-dtype", "float32", "--mesh",
+            "data=1,tensor=1", "--kv-attention", kv_attention]
+
+
+@pytest.fixture(scope="module")
+def window_runs(tmp_path_factory):
+    """(cache directory, [a run that filled it, a run that read it]): `regenerate` on the
+    window path as two fresh processes with one compile cache. Both tests below read these
+    runs (each pair of runs compiles and loads the same programs)."""
+    directory = tmp_path_factory.mktemp("window")
+    cache = directory / "xla"
+    args = regenerate_args(chats_file(directory), "xla")
+    return cache, [_cli(cache, *args) for _ in range(2)]
 
 
 def _cli(cache: Path, *args: str) -> subprocess.CompletedProcess:
@@ -67,31 +87,32 @@ def _cli(cache: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_a_corrupt_or_unwritable_cache_warns_once_and_answers_the_same(tmp_path):
+def test_a_corrupt_or_unwritable_cache_warns_once_and_answers_the_same(window_runs, tmp_path):
     """Issue 36's bad input through the CLI: entries overwritten with garbage or cut short,
     and a cache path under a regular file (which even root cannot make), each give one
     warning line and exactly the answers a run with a sound cache gives (one that read its
     programs from it); no traceback, no Python warning."""
-    cache = tmp_path / "xla"
-    first = regenerate(tmp_path, cache)
+    filled, (first, sound) = window_runs
     assert first.returncode == 0, first.stderr
     assert "compile cache" not in first.stderr, first.stderr
+    cache = tmp_path / "xla"  # a copy: the fixture's runs stay as they were
+    shutil.copytree(filled, cache)
     entries = sorted(p for p in cache.iterdir() if p.name.endswith("-cache"))
     assert entries, sorted(p.name for p in cache.iterdir())
     kept = sorted((cache / common.EXECUTABLES).glob("*.exe"))  # decode/executables.py
     assert kept
     entries += kept
-    sound = regenerate(tmp_path, cache)
     assert (sound.returncode, sound.stdout) == (0, first.stdout), sound.stderr
     assert "compile cache" not in sound.stderr, sound.stderr
     for i, p in enumerate(entries):  # garbage, or a real entry cut in half
         p.write_bytes(b"not a program" if i % 2 else p.read_bytes()[: p.stat().st_size // 2])
     (tmp_path / "file").write_text("")
+    args = regenerate_args(chats_file(tmp_path), "xla")
     for path, says in ((cache, f"warning: compile cache {cache}: an entry could not be read ("),
                        (tmp_path / "file" / "xla",
                         f"warning: compile cache {tmp_path / 'file' / 'xla'}: Not a directory; "
                         "compiling without it")):
-        r = regenerate(tmp_path, path)
+        r = _cli(path, *args)
         assert (r.returncode, r.stdout) == (0, first.stdout), r.stderr
         said = [line for line in r.stderr.splitlines() if "compile cache" in line]
         assert len(said) == 1 and said[0].startswith(says), r.stderr
@@ -151,7 +172,8 @@ def test_a_second_eval_loads_every_program_of_its_turns_from_the_cache(tmp_path)
     assert {k: three[k] for k in same} == {k: one[k] for k in same}
 
 
-def test_regenerate_compiles_its_programs_ahead_and_a_second_run_loads_them(tmp_path):
+def test_regenerate_compiles_its_programs_ahead_and_a_second_run_loads_them(window_runs,
+                                                                           tmp_path):
     """Issue 36 item 3: with a compile cache in use, `regenerate` compiles every program its
     turns and samples can meet before the first turn, several at once (prefill shapes of
     first and later pieces, the row copy, and the kernel's one step): generation then
@@ -160,16 +182,8 @@ def test_regenerate_compiles_its_programs_ahead_and_a_second_run_loads_them(tmp_
     in a fresh process loads every program compiled ahead; all write the same file."""
     import re
 
-    from eagle3kit.data.records import encode
-    from tests import assets
-
-    chats = tmp_path / "chats.jsonl"
-    chats.write_bytes(b"".join(encode(c) for c in assets.sharegpt_chats(2)))
-    args = ["regenerate", "--target", str(assets.train_assets() / "target"), "-i", str(chats),
-            "-o", "-", "--samples", "2", "--temperature", "0.9", "--max-new-tokens", "6",
-            "--max-context", "256", "--slots", "4", "--target-dtype", "float32", "--mesh",
-            "data=1,tensor=1", "--kv-attention"]
-    runs = [_cli(tmp_path / path, *args, path) for path in ("pallas", "xla", "xla")]
+    runs = [_cli(tmp_path / "pallas", *regenerate_args(chats_file(tmp_path), "pallas")),
+            *window_runs[1]]
     ahead = []
     for r in runs:
         assert r.returncode == 0, r.stderr
