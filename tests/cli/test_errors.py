@@ -326,8 +326,9 @@ def test_out_of_memory_in_generation_is_exit_4_with_the_flags_to_lower(tiny, tmp
     assert sorted(x.name for x in tmp_path.iterdir()) == ["chats.jsonl"]
 
 
-@pytest.mark.slow  # a minute: eval compiles its decoding before the batched run runs out
 def test_out_of_memory_in_eval_generation_is_exit_4(tiny, tmp_path):
+    """A --concurrency size that cannot fit is refused before the batch-1 answers (on a
+    large target those take minutes; they compiled and ran a minute here), not after."""
     a, draft = tiny
     chats = tmp_path / "chats.jsonl"
     chats.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]})
@@ -336,6 +337,7 @@ def test_out_of_memory_in_eval_generation_is_exit_4(tiny, tmp_path):
                   str(chats), "--max-new-tokens", "4", "--concurrency", "1000000", "--json"],
                  tmp_path)
     assert p.returncode == 4 and p.stdout == "", p.stderr
+    assert "generate turns" not in p.stderr, p.stderr  # no turn was answered first
     # refused before allocating (a CPU counts host memory): the sizes in the middle are this
     # machine's (what is free)
     last = p.stderr.splitlines()[-1]

@@ -765,6 +765,13 @@ def test_the_cache_is_sized_to_the_work_and_what_cannot_fit_exits_4(target, tmp_
     assert r.exit_code == 0, r.output
     assert "4 slots x 256 positions" in r.output and len(records(out.read_bytes())) == 4
     out.unlink()
+    # refused before the weights load (minutes for a large target), not after
+    from eagle3kit.io import hf
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("the weights loaded before the memory check")
+
+    monkeypatch.setattr(hf, "load_target", no_weights)
     r = runner.invoke(app, ["regenerate", *map(str, args)],
                       env={"COLUMNS": "250", "EAGLE3KIT_DEVICE_MEMORY": "16K"})
     assert r.exit_code == 4, r.output

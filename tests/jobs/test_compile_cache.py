@@ -2,23 +2,26 @@
 programs go to disk and come back; a directory that cannot be written, or entries that are
 corrupt, give a warning and a run that compiles without them, with the same result.
 
-Each case is a fresh `eagle3kit regenerate` (on a CPU, the cache asked for by
-EAGLE3KIT_COMPILE_CACHE): a process reads its cache directory once, and this test session
-has its own (tests/conftest.py).
+Each case is `eagle3kit regenerate` or `eval` as a process of its own (on a CPU, the cache
+asked for by EAGLE3KIT_COMPILE_CACHE): a process reads its cache directory once, and this
+test session has its own (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import types
 from pathlib import Path
 
 import jax
+import pytest
 
 from eagle3kit.jobs import common
 from eagle3kit.jobs.common import compile_cache
+from tests import warm_cli
 
 
 def test_jaxs_own_setting_wins_a_cpu_sets_none_and_an_accelerator_reads_the_variable(
@@ -40,67 +43,99 @@ def test_jaxs_own_setting_wins_a_cpu_sets_none_and_an_accelerator_reads_the_vari
     assert len(said) == 1 and "compiling without it" in said[0]
 
 
-def regenerate(tmp_path: Path, cache: Path) -> subprocess.CompletedProcess:
-    """`eagle3kit regenerate` of two real conversations by the tiny random target (fp32,
-    greedy) as a fresh process with EAGLE3KIT_COMPILE_CACHE=cache (a CPU uses it only when
-    asked); JAX's own variable, which this session sets (tests/conftest.py), left out."""
+def chats_file(directory: Path) -> Path:
+    """Two real ShareGPT conversations."""
     from eagle3kit.data.records import encode
     from tests import assets
 
-    chats = tmp_path / "chats.jsonl"
+    chats = directory / "chats.jsonl"
     if not chats.exists():
         chats.write_bytes(b"".join(encode(c) for c in assets.sharegpt_chats(2)))
-    return _cli(cache, "regenerate", "--target", str(assets.train_assets() / "target"), "-i",
-                str(chats), "-o", "-", "--turns", "first", "--max-new-tokens", "6",
-                "--max-context", "256", "--slots", "2", "--target-dtype", "float32",
-                "--mesh", "data=1,tensor=1")
+    return chats
 
 
-def _cli(cache: Path, *args: str) -> subprocess.CompletedProcess:
-    """`eagle3kit ARGS` as a fresh process on the CPU with EAGLE3KIT_COMPILE_CACHE=cache,
-    every program cached however fast it compiled."""
+def regenerate_args(chats: Path, kv_attention: str) -> list[str]:
+    """`regenerate` of every turn of `chats`, two samples each (sampled, fp32) by the tiny
+    random target, to stdout: run by `cli`, the programs of prefills of first
+    and later pieces, the row copy and the steps."""
+    from tests import assets
+
+    return ["regenerate", "--target", str(assets.train_assets() / "target"), "-i", str(chats),
+            "-o", "-", "--samples", "2", "--temperature", "0.9", "--max-new-tokens", "6",
+            "--max-context", "256", "--slots", "4", "--target-dtype", "float32", "--mesh",
+            "data=1,tensor=1", "--kv-attention", kv_attention]
+
+
+@pytest.fixture(scope="module")
+def window_runs(tmp_path_factory, cli):
+    """(cache directory, [a run that filled it, a run that read it]): `regenerate` on the
+    window path as two processes (`cli`) with one compile cache. Both tests below read these
+    runs (each pair of runs compiles and loads the same programs)."""
+    directory = tmp_path_factory.mktemp("window")
+    cache = directory / "xla"
+    args = regenerate_args(chats_file(directory), "xla")
+    return cache, [cli(cache, *args) for _ in range(2)]
+
+
+@pytest.fixture(scope="module")
+def cli():
+    """`cli(cache, *ARGS)`: `eagle3kit ARGS` on the CPU with EAGLE3KIT_COMPILE_CACHE=cache,
+    every program cached however fast it compiled; JAX's own variable, which this session
+    sets (tests/conftest.py), left out. Each command is a process of its own, forked from a
+    server that imported eagle3kit and JAX but started no backend and read no cache
+    (tests/warm_cli.py): it reads its cache directory once, as a fresh process does, without
+    a fresh interpreter's seconds of imports."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     env.update(JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1", EAGLE3KIT_COMPILE_CACHE=str(cache),
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
                PYTHONPATH=os.pathsep.join(sys.path), COLUMNS="250")
-    return subprocess.run([sys.executable, "-m", "eagle3kit", *args], env=env,
-                          capture_output=True, text=True, timeout=600)
+    with warm_cli.serving(env) as sock:
+        def run(cache: Path, *args: str) -> subprocess.CompletedProcess:
+            command = warm_cli.Command(sock, list(args), env={
+                **env, "EAGLE3KIT_COMPILE_CACHE": str(cache)}, stdout=warm_cli.PIPE,
+                stderr=warm_cli.PIPE, text=True)
+            out, err = command.communicate(timeout=600)
+            return subprocess.CompletedProcess(args, command.returncode, out, err)
+
+        yield run
 
 
-def test_a_corrupt_or_unwritable_cache_warns_once_and_answers_the_same(tmp_path):
+def test_a_corrupt_or_unwritable_cache_warns_once_and_answers_the_same(window_runs, cli,
+                                                                       tmp_path):
     """Issue 36's bad input through the CLI: entries overwritten with garbage or cut short,
     and a cache path under a regular file (which even root cannot make), each give one
     warning line and exactly the answers a run with a sound cache gives (one that read its
     programs from it); no traceback, no Python warning."""
-    cache = tmp_path / "xla"
-    first = regenerate(tmp_path, cache)
+    filled, (first, sound) = window_runs
     assert first.returncode == 0, first.stderr
     assert "compile cache" not in first.stderr, first.stderr
+    cache = tmp_path / "xla"  # a copy: the fixture's runs stay as they were
+    shutil.copytree(filled, cache)
     entries = sorted(p for p in cache.iterdir() if p.name.endswith("-cache"))
     assert entries, sorted(p.name for p in cache.iterdir())
     kept = sorted((cache / common.EXECUTABLES).glob("*.exe"))  # decode/executables.py
     assert kept
     entries += kept
-    sound = regenerate(tmp_path, cache)
     assert (sound.returncode, sound.stdout) == (0, first.stdout), sound.stderr
     assert "compile cache" not in sound.stderr, sound.stderr
     for i, p in enumerate(entries):  # garbage, or a real entry cut in half
         p.write_bytes(b"not a program" if i % 2 else p.read_bytes()[: p.stat().st_size // 2])
     (tmp_path / "file").write_text("")
+    args = regenerate_args(chats_file(tmp_path), "xla")
     for path, says in ((cache, f"warning: compile cache {cache}: an entry could not be read ("),
                        (tmp_path / "file" / "xla",
                         f"warning: compile cache {tmp_path / 'file' / 'xla'}: Not a directory; "
                         "compiling without it")):
-        r = regenerate(tmp_path, path)
+        r = cli(path, *args)
         assert (r.returncode, r.stdout) == (0, first.stdout), r.stderr
         said = [line for line in r.stderr.splitlines() if "compile cache" in line]
         assert len(said) == 1 and said[0].startswith(says), r.stderr
         assert "Traceback" not in r.stderr and "Warning" not in r.stderr, r.stderr
 
 
-def evaluate(tmp_path: Path, cache: Path) -> subprocess.CompletedProcess:
+def evaluate(cli, tmp_path: Path, cache: Path) -> subprocess.CompletedProcess:
     """`eagle3kit eval --prompts` of one two-turn conversation by the tiny random target and a
-    random draft (fp32, greedy) as a fresh process with EAGLE3KIT_COMPILE_CACHE=cache."""
+    random draft (fp32, greedy) by `cli` with EAGLE3KIT_COMPILE_CACHE=cache."""
     import json
 
     from tests import assets
@@ -109,7 +144,7 @@ def evaluate(tmp_path: Path, cache: Path) -> subprocess.CompletedProcess:
     if not prompts.exists():
         prompts.write_text(json.dumps({"turns": ["Name a color.", "And another one?"]}) + "\n")
         assets.random_draft(draft)
-    return _cli(cache, "eval", "--target", str(assets.train_assets() / "target"), "--draft",
+    return cli(cache, "eval", "--target", str(assets.train_assets() / "target"), "--draft",
                 str(draft), "--prompts", str(prompts), "--steps", "3", "--max-new-tokens", "8",
                 "--dtype", "float32", "--target-dtype", "float32", "--json")
 
@@ -117,16 +152,16 @@ def evaluate(tmp_path: Path, cache: Path) -> subprocess.CompletedProcess:
 ENGINE_PROGRAMS = 6
 
 
-def test_a_second_eval_loads_every_program_of_its_turns_from_the_cache(tmp_path):
+def test_a_second_eval_loads_every_program_of_its_turns_from_the_cache(cli, tmp_path):
     """Issue 36: `eval --prompts` run again in a fresh process compiles nothing its turns
     run (speculative and plain): every program comes from the first run's cache, its
     compile seconds (what is left: tracing and lowering, and the loads) fall, and the
     answers are the same."""
     import json
 
-    first = evaluate(tmp_path, tmp_path / "xla")
+    first = evaluate(cli, tmp_path, tmp_path / "xla")
     assert first.returncode == 0, first.stderr
-    again = evaluate(tmp_path, tmp_path / "xla")
+    again = evaluate(cli, tmp_path, tmp_path / "xla")
     assert again.returncode == 0, again.stderr
     one, two = json.loads(first.stdout), json.loads(again.stdout)
     assert one["compiled_programs"] > 0 and one["programs_from_cache"] == 0
@@ -142,7 +177,7 @@ def test_a_second_eval_loads_every_program_of_its_turns_from_the_cache(tmp_path)
     # same answers
     for i, p in enumerate(sorted((tmp_path / "xla" / common.EXECUTABLES).glob("*.exe"))):
         p.write_bytes(b"not a program" if i % 2 else p.read_bytes()[: p.stat().st_size // 2])
-    damaged = evaluate(tmp_path, tmp_path / "xla")
+    damaged = evaluate(cli, tmp_path, tmp_path / "xla")
     assert damaged.returncode == 0, damaged.stderr
     said = [line for line in damaged.stderr.splitlines() if "compile cache" in line]
     assert len(said) == 1 and "an entry could not be read" in said[0], damaged.stderr
@@ -151,7 +186,8 @@ def test_a_second_eval_loads_every_program_of_its_turns_from_the_cache(tmp_path)
     assert {k: three[k] for k in same} == {k: one[k] for k in same}
 
 
-def test_regenerate_compiles_its_programs_ahead_and_a_second_run_loads_them(tmp_path):
+def test_regenerate_compiles_its_programs_ahead_and_a_second_run_loads_them(window_runs, cli,
+                                                                           tmp_path):
     """Issue 36 item 3: with a compile cache in use, `regenerate` compiles every program its
     turns and samples can meet before the first turn, several at once (prefill shapes of
     first and later pieces, the row copy, and the kernel's one step): generation then
@@ -160,16 +196,8 @@ def test_regenerate_compiles_its_programs_ahead_and_a_second_run_loads_them(tmp_
     in a fresh process loads every program compiled ahead; all write the same file."""
     import re
 
-    from eagle3kit.data.records import encode
-    from tests import assets
-
-    chats = tmp_path / "chats.jsonl"
-    chats.write_bytes(b"".join(encode(c) for c in assets.sharegpt_chats(2)))
-    args = ["regenerate", "--target", str(assets.train_assets() / "target"), "-i", str(chats),
-            "-o", "-", "--samples", "2", "--temperature", "0.9", "--max-new-tokens", "6",
-            "--max-context", "256", "--slots", "4", "--target-dtype", "float32", "--mesh",
-            "data=1,tensor=1", "--kv-attention"]
-    runs = [_cli(tmp_path / path, *args, path) for path in ("pallas", "xla", "xla")]
+    runs = [cli(tmp_path / "pallas", *regenerate_args(chats_file(tmp_path), "pallas")),
+            *window_runs[1]]
     ahead = []
     for r in runs:
         assert r.returncode == 0, r.stderr

@@ -27,7 +27,14 @@ import jax
 
 from eagle3kit.decode import executables
 from eagle3kit.decode.acceptance import acceptance_summary
-from eagle3kit.decode.engine import Engine, EngineConfig, Request, Sampling
+from eagle3kit.decode.engine import (
+    Engine,
+    EngineConfig,
+    Request,
+    Sampling,
+    check_memory,
+    memory_estimate,
+)
 from eagle3kit.decode.kv_attention import KVAttention, resolve_kv_attention
 from eagle3kit.decode.speculative import DecodeConfig, Speculation
 from eagle3kit.errors import UserError
@@ -117,17 +124,28 @@ class Setup:
 
     def engine(self, rows: int, slots: int, dec: DecodeConfig | None) -> Engine:
         """Speculative with drafting shape `dec`, or plain with None."""
+        return Engine(self.tcfg, self.target_w, self.mesh, self.stops,
+                      *self._config(rows, slots, dec))
+
+    def check_fits(self, rows: int, slots: int, dec: DecodeConfig | None) -> None:
+        """Engine's own memory check for `engine(rows, slots, dec)`, without building it
+        (OutOfMemory where it cannot fit)."""
+        cfg, spec = self._config(rows, slots, dec)
+        check_memory(memory_estimate(self.tcfg, cfg, self.target_w.embed.dtype, spec),
+                     self.mesh)
+
+    def _config(self, rows: int, slots: int, dec: DecodeConfig | None
+                ) -> tuple[EngineConfig, Speculation | None]:
         temperature = self.draft.dec.temperature
         # one row waits for nobody: its programs run until it finishes (fewer host syncs)
         sync = PLAIN_SYNC if dec is None or rows == 1 else SPEC_SYNC
         # one row's prompts in pieces of one shape: two prefill programs (first pieces and
         # later ones), not one per 128-token bucket and up, each compiled for both engines
         one = {"prefill_chunk": ONE_ROW_PIECE, "one_prefill_shape": True} if rows == 1 else {}
-        return Engine(self.tcfg, self.target_w, self.mesh, self.stops, EngineConfig(
-            rows=rows, max_context=slots, sync_every=sync,
-            sampling=Sampling(temperature), seed=self.seed, attention=self.attention(),
-            check_every=self.checks(rows), **one),
-            dataclasses.replace(self.draft, dec=dec) if dec else None)
+        return (EngineConfig(rows=rows, max_context=slots, sync_every=sync,
+                             sampling=Sampling(temperature), seed=self.seed,
+                             attention=self.attention(), check_every=self.checks(rows), **one),
+                dataclasses.replace(self.draft, dec=dec) if dec else None)
 
     def attention(self) -> KVAttention:
         """How the engines read the KV caches (`auto` resolved for the mesh's devices)."""
@@ -149,6 +167,16 @@ def slots_for_length(prompt_len: int, max_new: int, decs: Sequence[DecodeConfig]
     """slots_for of a prompt of `prompt_len` tokens."""
     need = prompt_len + max_new + max(d.verified for d in decs)
     return max(256, 1 << (need - 1).bit_length())
+
+
+def check_sizes(setup: Setup, batches: Sequence[int], max_new: int) -> None:
+    """Refuses (OutOfMemory) a batch size whose engines cannot fit even the smallest cache
+    `measure` can give them, before the batch-1 answers are generated (on a large target
+    those take minutes, and a size that cannot fit would be told only after them)."""
+    slots = max(setup.slots, slots_for_length(1, max_new, [setup.draft.dec]))
+    for b in batches:
+        for dec in (None, setup.draft.dec):
+            setup.check_fits(b, slots, dec)
 
 
 def requests(prompts: Sequence[Sequence[int]], max_new: int) -> list[Request]:

@@ -237,6 +237,8 @@ def run(cfg: EvalConfig, console) -> dict[str, Any]:
         f" at --concurrency {cfg.concurrency}" if cfg.concurrency else "")
     with common.out_of_memory(shape, "lower --max-new-tokens, the --concurrency batch sizes "
                               "or --limit (long prompts), or add devices: --mesh tensor=N"):
+        if cfg.concurrency or cfg.sweep:
+            eval_batched.check_sizes(setup, sizes or (1,), cfg.max_new_tokens)
         gen, samples = generate_samples(setup, prompts, tokenizer, cfg, console, renderer)
         if cfg.concurrency or cfg.sweep:
             # the very prompts batch 1 answered (later turns hold its answers), B at a time

@@ -365,7 +365,13 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
 
     from eagle3kit.core.sharding import batch_ways, make_mesh
     from eagle3kit.core.target import unstack_in_place
-    from eagle3kit.decode.engine import Engine, EngineConfig, Sampling
+    from eagle3kit.decode.engine import (
+        Engine,
+        EngineConfig,
+        Sampling,
+        check_memory,
+        memory_estimate,
+    )
     from eagle3kit.decode.repetition import Repetition
     from eagle3kit.io.hf import load_target
 
@@ -377,15 +383,11 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
     attention = resolve_kv_attention(  # the one place `auto` is resolved for this run
         cfg.kv_attention, mesh.devices.flatten(), "run one process per GPU with --shard I/N "
         "(faster than one process over a mesh, docs/recipes.md)")
-    t0 = time.perf_counter()
-    # unstacked one array at a time: never two copies of the target at once
-    weights = unstack_in_place(load_target(ckpt, mesh, common.DTYPES[cfg.target_dtype]),
-                               ckpt.config)
     # the cache sized to the work may hold fewer rows than the data axis has devices (two
     # conversations on a host of four GPUs): round up, the idle rows cost little memory
     ways = batch_ways(mesh)
     rows = -(-cfg.slots // ways) * ways
-    engine = Engine(ckpt.config, weights, mesh, sorted(stops), EngineConfig(
+    engine_cfg = EngineConfig(
         rows=rows, max_context=cfg.max_context, sync_every=cfg.sync_every,
         mixed_budget=cfg.mixed_budget, mixed_piece=MIXED_PIECE,
         attention=attention,
@@ -393,7 +395,15 @@ def make_engine(cfg: RegenerateConfig, ckpt, stops: set[int], console):
         # a block longer than the context / copies can never repeat: no arrays for it
         repetition=Repetition(cfg.repeat_copies, cfg.repeat_min_tokens,
                               min(cfg.repeat_max_block, max(1, cfg.max_context // 2)))
-        if cfg.repeat_copies else None))
+        if cfg.repeat_copies else None)
+    dtype = common.DTYPES[cfg.target_dtype]
+    # a cache that cannot fit even beside no weights is refused before they load (minutes
+    # for a large target); the engine checks again with them in place
+    check_memory(memory_estimate(ckpt.config, engine_cfg, dtype), mesh)
+    t0 = time.perf_counter()
+    # unstacked one array at a time: never two copies of the target at once
+    weights = unstack_in_place(load_target(ckpt, mesh, dtype), ckpt.config)
+    engine = Engine(ckpt.config, weights, mesh, sorted(stops), engine_cfg)
     console.print(f"regenerate with {ckpt.config.name} on {jax.device_count()} x "
                   f"{jax.devices()[0].device_kind} (mesh {','.join(f'{k}={v}' for k, v in mesh.shape.items())}; weights loaded "
                   f"in {time.perf_counter() - t0:.1f}s; {rows} slots x {cfg.max_context} "
