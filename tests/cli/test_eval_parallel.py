@@ -14,8 +14,9 @@ import pytest
 from tests import assets
 from tests.cli.test_eval import FP32, GENERATE, invoke
 
-# each the train program of test_train_peagle / test_train_dflash (--epochs and --lr shape the
-# compiled schedule): the session compiles it once
+# each the training run of test_train_peagle / test_train_dflash (the schedule is no longer
+# compiled into the step, but the same steps keep the runs alike): the session compiles the
+# train program once
 TRAIN = {"peagle": ["--arch", "peagle", "--ttt-length", "3"],
          "dflash": ["--arch", "dflash", "--block-size", "4", "--draft-layers", "2",
                     "--epochs", "1", "--lr", "1e-3"]}
