@@ -128,4 +128,7 @@ $E3K convert "$OUT/run/final" --to speculators -o "$OUT/export/speculators" --fo
 $E3K push "$CARD_DIR" --repo-id "$REPO_ID" --dry-run \
   --recipe "examples/smollm2_sharegpt.sh VERSION=$VERSION" \
   --eval "$OUT/eval-heldout.json" --eval "$OUT/eval-mtbench.json"
-echo "done: draft in $OUT/run/final, exports in $OUT/export, results in $OUT/eval-*.json" >&2
+# the wall time of this invocation (a resumed run counts only what it did): the README's
+# estimates are checked against it
+echo "done in $((SECONDS / 60)) min $((SECONDS % 60)) s: draft in $OUT/run/final, exports in" \
+  "$OUT/export, results in $OUT/eval-*.json" >&2

@@ -99,11 +99,12 @@ def test_make_n_prints_the_v2_recipe(tmp_path):
                 f["--max-new-tokens"]) == (GGUF, "0.7", "0.95", "drop-answer", "512")
     (train,) = cmds["train"]
     assert {k: flags(train)[k] for k in ("--target", "--arch", "--epochs", "--ttt-length")} == {
-        "--target": GGUF, "--arch": "eagle3.1", "--epochs": "6", "--ttt-length": "7"}
+        "--target": GGUF, "--arch": "eagle3.1", "--epochs": "5", "--ttt-length": "7"}
     assert [a[a.index("--to") + 1] for a in cmds["convert"]] == ["sglang", "speculators"]
     (push,) = cmds["push"]  # the card goes into the SGLang export, which reads EAGLE-3.1
     assert push[0].endswith("/export/sglang")
     assert flags(push)["--recipe"] == "examples/qwen2.5-coder-1.5b/Makefile VERSION=v2"
+    assert flags(push)["--license"] == "apache-2.0"  # the GGUF names none: the card would not
     assert all(flags(a)["--target-name"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
                for a in cmds["convert"])
     assert {a[a.index("--prompts") + 1] for a in cmds["eval"] if "--prompts" in a} == {
