@@ -12,9 +12,9 @@ an executable depends on, so that a stale one cannot be loaded:
 - the program: its name, its function's module and qualified name, the static configuration
   bound to it (functools.partial's arguments, by repr) and jit's options;
 - the call: the static arguments' values, the dynamic arguments' pytree structure and every
-  leaf's shape, dtype, weak type, layout on the devices (its
-  sharding as XLA reads it, with the devices in order: not the sharding object) and commitment, and the mesh
-  of `core.sharding.use_mesh` (which pins activations while tracing);
+  leaf's shape, dtype, weak type, layout (its sharding as XLA reads it and its devices in
+  order, not the sharding object: `_layout`) and commitment, and the mesh of
+  `core.sharding.use_mesh` (which pins activations while tracing);
 - the machine and the software: platform, device kind and count, the backend's version,
   jax, jaxlib, numpy and Python versions, JAX's tracing configuration (`trace_context`:
   x64, matmul precision, ...), XLA_FLAGS, and a digest of eagle3kit's own source, so that
@@ -234,12 +234,11 @@ def _signature(dynamic: tuple, fixed: tuple) -> tuple:
 
 
 def _layout(sharding: jax.sharding.Sharding, ndim: int) -> tuple:
-    """How an argument lies on the devices, whatever object says so: a program's outputs may
+    """How an argument lies on the devices, whatever object says so. A program's outputs may
     carry another sharding than the one its inputs were made with (on one device a cache
     allocated as P('data', None, 'tensor', None) comes back from a step as P()), and an
-    executable runs either. Keyed on the sharding object itself, every call after the
-    first met a program compiled ahead for "another" signature and traced it again, or,
-    where executables were kept, loaded it again from disk."""
+    executable runs either; keyed on the object, a program compiled ahead would be met
+    again under another signature: traced again, or loaded again from disk."""
     try:
         return (str(sharding._to_xla_hlo_sharding(ndim)),
                 tuple(d.id for d in sharding._device_assignment), sharding.memory_kind)
