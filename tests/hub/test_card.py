@@ -72,7 +72,7 @@ def test_front_matter_and_usage(sglang_export, tmp_path):
 def test_training_table_renders_what_was_recorded(sglang_export):
     text = card.render_card(sglang_export, "my-org/x")
     for row in ("| Hardware | 8 x NVIDIA H100 (mesh data=8,tensor=1) |",
-                "| Training data | mixed-54k.jsonl, 54,000 conversations, 61,234,567 tokens |",
+                "| Training data | mixed-54k.jsonl, 54,000 records, 61,234,567 tokens |",
                 "| Epochs | 3 |", "| Optimizer steps | 14,949 (4,983 per epoch) |",
                 "| Optimizer | AdamW (betas 0.9, 0.95), weight decay 0, gradient clip 0.5 |",
                 "| Learning rate | 0.0003 peak, 3.0% warmup, final 0 x peak |",

@@ -192,7 +192,8 @@ def _training_rows(t: dict[str, Any], arch: str) -> list[tuple[str, str]]:
         hw = f"{t.get('devices', '?')} x {t.get('device_kind', 'device')}"
         add("Hardware", hw + (f" (mesh {_num(t['mesh'])})" if t.get("mesh") else ""))
     data = [Path(str(t["data"])).name] if _present(t, "data") else []
-    data += [f"{_num(t[k])} {label}" for k, label in (("data_records", "conversations"),
+    # records, not conversations: regenerated data holds a record per sampled answer
+    data += [f"{_num(t[k])} {label}" for k, label in (("data_records", "records"),
                                                       ("data_tokens", "tokens"))
              if _present(t, k)]
     add("Training data", ", ".join(data))
